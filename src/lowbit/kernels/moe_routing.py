@@ -1,0 +1,271 @@
+"""Device builders for the three routing layouts: one stable counting sort, four launches.
+
+Every layout is "sort routes by expert, stably, and place each at base(expert) + rank":
+    1. `_route_count_kernel`   per chunk of CHUNK routes: histogram over experts; also fills
+                               the layout's output buffers with their empty value (sentinel/-1).
+    2. `_route_scan_kernel`    per tile of experts: exclusive scan of the chunk histograms
+                               (where each chunk starts inside an expert) and expert totals.
+    3. `_route_offsets_kernel` one program: per-expert bases for the layout (padded cumsum for
+                               indexed/contiguous; ``g * max_m`` for masked), the device-side
+                               counts (num_tokens_post_padded, num_rows, masked_m, num_dropped).
+    4. `_route_scatter_kernel` per chunk: rank of each route among same-expert routes earlier
+                               in its chunk (a CHUNK x CHUNK comparison), then the stores; its
+                               grid also writes the indexed layout's per-block expert ids.
+No atomics, so the result is deterministic and identical to the PyTorch reference
+(`lowbit.reference.routing`), and nothing is read back to the host (CUDA-graph capturable).
+
+Heuristic (why these sizes): CHUNK=128 keeps the rank comparison at 16K lanes a program
+(128 a thread at 4 warps); decode (T*top_k <= a few hundred routes) is 1-4 chunks, so the four
+launches are latency-bound either way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..routing.layouts import (
+    ContiguousRouting,
+    IndexedRouting,
+    MaskedRouting,
+    max_contiguous_rows,
+    max_num_tokens_padded,
+)
+
+__all__ = ["moe_align_block_size_triton", "build_contiguous_triton", "build_masked_triton"]
+
+LAYOUT_INDEXED: tl.constexpr = tl.constexpr(0)
+LAYOUT_CONTIGUOUS: tl.constexpr = tl.constexpr(1)
+LAYOUT_MASKED: tl.constexpr = tl.constexpr(2)
+
+CHUNK = 128  # routes per program in the count and scatter kernels
+FILL = 1024  # buffer entries each program of the count kernel fills
+SCAN_CHUNKS = 32  # chunk rows per step of the scan
+SCAN_EXPERTS = 32  # experts per scan program
+BLOCK_TILE = 32  # indexed blocks per program when writing expert_ids
+
+
+@triton.jit
+def _route_count_kernel(
+    topk_ids_ptr, counts_ptr, num_routes, num_experts,
+    fill_a_ptr, fill_a_value, fill_b_ptr, fill_len, num_chunks,
+    E_PAD: tl.constexpr, CHUNK: tl.constexpr, FILL: tl.constexpr, HAS_FILL_B: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(topk_ids_ptr + offs, mask=offs < num_routes, other=-1)
+    # dropped routes (-1, out of range, past the end) go to the dump bin E_PAD - 1
+    ids = tl.where((ids >= 0) & (ids < num_experts), ids, E_PAD - 1)
+    hist = tl.histogram(ids, E_PAD)
+    bins = tl.arange(0, E_PAD)
+    # the grid also covers the fill, so it can be longer than the chunk count
+    tl.store(counts_ptr + pid * E_PAD + bins, hist, mask=(bins < E_PAD) & (pid < num_chunks))
+    f = pid * FILL + tl.arange(0, FILL)
+    tl.store(fill_a_ptr + f, tl.full([FILL], fill_a_value, tl.int32), mask=f < fill_len)
+    if HAS_FILL_B:
+        tl.store(fill_b_ptr + f, tl.full([FILL], -1, tl.int32), mask=f < fill_len)
+
+
+@triton.jit
+def _route_scan_kernel(
+    counts_ptr, chunk_start_ptr, totals_ptr, num_chunks,
+    E_PAD: tl.constexpr, SCAN_CHUNKS: tl.constexpr, SCAN_EXPERTS: tl.constexpr,
+):
+    e = tl.program_id(0) * SCAN_EXPERTS + tl.arange(0, SCAN_EXPERTS)
+    running = tl.zeros([SCAN_EXPERTS], tl.int32)
+    for c0 in range(0, num_chunks, SCAN_CHUNKS):
+        c = c0 + tl.arange(0, SCAN_CHUNKS)
+        ptrs = c[:, None] * E_PAD + e[None, :]
+        m = c[:, None] < num_chunks
+        tile = tl.load(counts_ptr + ptrs, mask=m, other=0)
+        inclusive = tl.cumsum(tile, axis=0)
+        tl.store(chunk_start_ptr + ptrs, running[None, :] + inclusive - tile, mask=m)
+        running += tl.sum(tile, axis=0)
+    tl.store(totals_ptr + e, running)
+
+
+@triton.jit
+def _route_offsets_kernel(
+    totals_ptr, expert_map_ptr, base_ptr, count_out_ptr, masked_m_ptr, num_experts, align, max_m,
+    LAYOUT: tl.constexpr, HAS_MAP: tl.constexpr, E_PAD: tl.constexpr,
+):
+    e = tl.arange(0, E_PAD)
+    real = e < num_experts
+    n = tl.load(totals_ptr + e, mask=real, other=0)
+    if HAS_MAP:
+        local = tl.load(expert_map_ptr + e, mask=real, other=-1)
+    else:
+        local = tl.where(real, e, -1)
+    if LAYOUT == LAYOUT_MASKED:
+        # base = g * max_m; the scatter drops ranks >= max_m and they are counted here
+        tl.store(base_ptr + e, local * max_m)
+        tl.store(masked_m_ptr + local, tl.minimum(n, max_m), mask=local >= 0)
+        tl.store(count_out_ptr, tl.sum(tl.where(local >= 0, tl.maximum(n - max_m, 0), 0), axis=0))
+    else:
+        if LAYOUT == LAYOUT_CONTIGUOUS:
+            n = tl.where(local >= 0, n, 0)  # non-local routes take no rows
+        padded = (n + align - 1) // align * align
+        end = tl.cumsum(padded, axis=0)
+        tl.store(base_ptr + e, end - padded)
+        tl.store(count_out_ptr, tl.sum(padded, axis=0))
+
+
+@triton.jit
+def _route_scatter_kernel(
+    topk_ids_ptr, chunk_start_ptr, base_ptr, expert_map_ptr,
+    out_a_ptr, out_b_ptr, route_to_row_ptr, expert_ids_ptr,
+    num_routes, num_experts, num_chunks, max_m, block_size, num_blocks, padded_count_ptr,
+    LAYOUT: tl.constexpr, HAS_MAP: tl.constexpr, E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_TILE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < num_chunks:
+        i = tl.arange(0, CHUNK)
+        route = pid * CHUNK + i
+        ids = tl.load(topk_ids_ptr + route, mask=route < num_routes, other=-1)
+        valid = (ids >= 0) & (ids < num_experts) & (route < num_routes)
+        e = tl.where(valid, ids, E_PAD - 1)
+        # stable rank inside the chunk: same-expert routes strictly before this one
+        same = (e[None, :] == e[:, None]) & (i[None, :] < i[:, None])
+        rank = tl.sum(same.to(tl.int32), axis=1)
+        start = tl.load(chunk_start_ptr + pid * E_PAD + e)
+        row = tl.load(base_ptr + e) + start + rank
+        if HAS_MAP:
+            local = tl.load(expert_map_ptr + e, mask=valid, other=-1)
+        else:
+            local = e
+        if LAYOUT == LAYOUT_INDEXED:
+            tl.store(out_a_ptr + row, route, mask=valid)
+        else:
+            keep = valid & (local >= 0)
+            if LAYOUT == LAYOUT_MASKED:
+                keep = keep & (start + rank < max_m)
+            else:
+                tl.store(out_a_ptr + row, local, mask=keep)  # m_indices
+            tl.store(out_b_ptr + row, route, mask=keep)  # row_to_route
+            tl.store(route_to_row_ptr + route, tl.where(keep, row, -1), mask=route < num_routes)
+    if LAYOUT == LAYOUT_INDEXED:
+        # expert of each block: the expert whose padded segment contains the block's first slot
+        b = pid * BLOCK_TILE + tl.arange(0, BLOCK_TILE)
+        slot = b * block_size
+        ex = tl.arange(0, E_PAD)
+        seg_start = tl.load(base_ptr + ex, mask=ex < num_experts, other=2147483647)
+        owner = tl.sum((seg_start[None, :] <= slot[:, None]).to(tl.int32), axis=1) - 1
+        owner = tl.maximum(owner, 0)
+        if HAS_MAP:
+            owner_local = tl.load(expert_map_ptr + owner)
+        else:
+            owner_local = owner
+        total = tl.load(padded_count_ptr)
+        tl.store(expert_ids_ptr + b, tl.where(slot < total, owner_local, -1), mask=b < num_blocks)
+
+
+def _e_pad(num_experts: int) -> int:
+    # +1 for the dump bin of dropped routes; >= 32 so the scan tiles divide it
+    return max(triton.next_power_of_2(num_experts + 1), SCAN_EXPERTS)
+
+
+def _sort_routes(topk_ids, num_experts, fill_a, fill_a_value, fill_b):
+    """Launch kernels 1-2 (histograms + buffer fill, chunk scan); returns
+    (chunk_start, totals, base (filled by kernel 3), e_pad, num_chunks)."""
+    dev = topk_ids.device
+    num_routes = topk_ids.numel()
+    e_pad = _e_pad(num_experts)
+    num_chunks = max(triton.cdiv(num_routes, CHUNK), 1)
+    counts = torch.empty((num_chunks, e_pad), dtype=torch.int32, device=dev)
+    chunk_start = torch.empty_like(counts)
+    totals = torch.empty(e_pad, dtype=torch.int32, device=dev)
+    base = torch.empty(e_pad, dtype=torch.int32, device=dev)
+    fill_len = fill_a.numel()
+    grid1 = max(num_chunks, triton.cdiv(fill_len, FILL))
+    _route_count_kernel[(grid1,)](
+        topk_ids, counts, num_routes, num_experts, fill_a, fill_a_value,
+        fill_b if fill_b is not None else fill_a, fill_len, num_chunks,
+        E_PAD=e_pad, CHUNK=CHUNK, FILL=FILL, HAS_FILL_B=fill_b is not None,
+    )
+    _route_scan_kernel[(e_pad // SCAN_EXPERTS,)](
+        counts, chunk_start, totals, num_chunks,
+        E_PAD=e_pad, SCAN_CHUNKS=SCAN_CHUNKS, SCAN_EXPERTS=SCAN_EXPERTS,
+    )
+    return chunk_start, totals, base, e_pad, num_chunks
+
+
+def moe_align_block_size_triton(
+    topk_ids: torch.Tensor, block_size: int, num_experts: int, expert_map: torch.Tensor | None = None
+) -> IndexedRouting:
+    """Device version of `lowbit.reference.routing.moe_align_block_size_ref` (same outputs)."""
+    dev = topk_ids.device
+    num_routes = topk_ids.numel()
+    size = max_num_tokens_padded(num_routes, num_experts, block_size)
+    sorted_ids = torch.empty(size, dtype=torch.int32, device=dev)
+    num_blocks = size // block_size
+    expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
+    ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+    chunk_start, totals, base, e_pad, num_chunks = _sort_routes(topk_ids, num_experts, sorted_ids, num_routes, None)
+    emap = expert_map if expert_map is not None else totals  # dummy pointer when HAS_MAP=False
+    _route_offsets_kernel[(1,)](
+        totals, emap, base, ntpp, ntpp, num_experts, block_size, 0,
+        LAYOUT=0, HAS_MAP=expert_map is not None, E_PAD=e_pad,
+    )
+    grid = max(num_chunks, triton.cdiv(num_blocks, BLOCK_TILE))
+    _route_scatter_kernel[(grid,)](
+        topk_ids, chunk_start, base, emap, sorted_ids, sorted_ids, sorted_ids, expert_ids,
+        num_routes, num_experts, num_chunks, 0, block_size, num_blocks, ntpp,
+        LAYOUT=0, HAS_MAP=expert_map is not None, E_PAD=e_pad, CHUNK=CHUNK, BLOCK_TILE=BLOCK_TILE,
+    )
+    return IndexedRouting(sorted_ids, expert_ids, ntpp, block_size, topk_ids.shape[0], topk_ids.shape[1])
+
+
+def build_contiguous_triton(
+    topk_ids: torch.Tensor, num_experts: int, num_local_experts: int,
+    expert_map: torch.Tensor | None = None, alignment: int = 128,
+) -> ContiguousRouting:
+    """Device version of `lowbit.reference.routing.build_contiguous_ref` (same outputs)."""
+    dev = topk_ids.device
+    num_routes = topk_ids.numel()
+    size = max_contiguous_rows(num_routes, num_local_experts, alignment)
+    m_indices = torch.empty(size, dtype=torch.int32, device=dev)
+    row_to_route = torch.empty(size, dtype=torch.int32, device=dev)
+    route_to_row = torch.empty(num_routes, dtype=torch.int32, device=dev)
+    num_rows = torch.empty(1, dtype=torch.int32, device=dev)
+    chunk_start, totals, base, e_pad, num_chunks = _sort_routes(topk_ids, num_experts, m_indices, -1, row_to_route)
+    emap = expert_map if expert_map is not None else totals
+    _route_offsets_kernel[(1,)](
+        totals, emap, base, num_rows, num_rows, num_experts, alignment, 0,
+        LAYOUT=1, HAS_MAP=expert_map is not None, E_PAD=e_pad,
+    )
+    _route_scatter_kernel[(num_chunks,)](
+        topk_ids, chunk_start, base, emap, m_indices, row_to_route, route_to_row, m_indices,
+        num_routes, num_experts, num_chunks, 0, 1, 0, num_rows,
+        LAYOUT=1, HAS_MAP=expert_map is not None, E_PAD=e_pad, CHUNK=CHUNK, BLOCK_TILE=BLOCK_TILE,
+    )
+    return ContiguousRouting(m_indices, row_to_route, route_to_row, num_rows, alignment,
+                             topk_ids.shape[0], topk_ids.shape[1])
+
+
+def build_masked_triton(
+    topk_ids: torch.Tensor, num_experts: int, num_local_experts: int, max_m: int,
+    expert_map: torch.Tensor | None = None,
+) -> MaskedRouting:
+    """Device version of `lowbit.reference.routing.build_masked_ref`; routes past `max_m` on an
+    expert are dropped and counted in ``num_dropped`` (the reference raises instead)."""
+    dev = topk_ids.device
+    num_routes = topk_ids.numel()
+    masked_m = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
+    row_to_route = torch.empty(num_local_experts * max_m, dtype=torch.int32, device=dev)
+    route_to_row = torch.empty(num_routes, dtype=torch.int32, device=dev)
+    num_dropped = torch.empty(1, dtype=torch.int32, device=dev)
+    chunk_start, totals, base, e_pad, num_chunks = _sort_routes(topk_ids, num_experts, row_to_route, -1, None)
+    emap = expert_map if expert_map is not None else totals
+    _route_offsets_kernel[(1,)](
+        totals, emap, base, num_dropped, masked_m, num_experts, 1, max_m,
+        LAYOUT=2, HAS_MAP=expert_map is not None, E_PAD=e_pad,
+    )
+    _route_scatter_kernel[(num_chunks,)](
+        topk_ids, chunk_start, base, emap, row_to_route, row_to_route, route_to_row, row_to_route,
+        num_routes, num_experts, num_chunks, max_m, 1, 0, num_dropped,
+        LAYOUT=2, HAS_MAP=expert_map is not None, E_PAD=e_pad, CHUNK=CHUNK, BLOCK_TILE=BLOCK_TILE,
+    )
+    return MaskedRouting(masked_m, row_to_route, route_to_row, num_dropped, max_m,
+                         topk_ids.shape[0], topk_ids.shape[1])
