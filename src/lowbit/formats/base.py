@@ -57,6 +57,10 @@ class QuantizedTensor:
     def dequantize(self) -> torch.Tensor:
         return get_format(self.fmt).dequantize(self)
 
+    def select(self, index: int) -> "QuantizedTensor":
+        """The slice ``[index]`` along the leading (expert) dim, codes and scales together."""
+        return QuantizedTensor(self.codes[index], self.scales[index], self.fmt, self.global_scale)
+
 
 class Format:
     """Base class of a registered number format. Subclasses set the class attributes and
