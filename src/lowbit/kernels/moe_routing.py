@@ -269,3 +269,43 @@ def build_masked_triton(
     )
     return MaskedRouting(masked_m, row_to_route, route_to_row, num_dropped, max_m,
                          topk_ids.shape[0], topk_ids.shape[1])
+
+
+def compile_configs():
+    """Every configuration the builders launch, for the compile tier: expert-count paddings of
+    the Kimi K2.x profiles (48 local -> 64, 384 global -> 512) x layouts x expert_map."""
+    from .compile_tier import KernelConfig
+
+    cfgs = []
+    for e_pad in (64, 512):
+        cfgs.append(KernelConfig(
+            f"route_count[E_PAD={e_pad}]", _route_count_kernel,
+            {"topk_ids_ptr": "*i32", "counts_ptr": "*i32", "num_routes": "i32", "num_experts": "i32",
+             "fill_a_ptr": "*i32", "fill_a_value": "i32", "fill_b_ptr": "*i32", "fill_len": "i32",
+             "num_chunks": "i32", "E_PAD": "constexpr", "CHUNK": "constexpr", "FILL": "constexpr",
+             "HAS_FILL_B": "constexpr"},
+            {"E_PAD": e_pad, "CHUNK": CHUNK, "FILL": FILL, "HAS_FILL_B": True}))
+        cfgs.append(KernelConfig(
+            f"route_scan[E_PAD={e_pad}]", _route_scan_kernel,
+            {"counts_ptr": "*i32", "chunk_start_ptr": "*i32", "totals_ptr": "*i32", "num_chunks": "i32",
+             "E_PAD": "constexpr", "SCAN_CHUNKS": "constexpr", "SCAN_EXPERTS": "constexpr"},
+            {"E_PAD": e_pad, "SCAN_CHUNKS": SCAN_CHUNKS, "SCAN_EXPERTS": SCAN_EXPERTS}))
+        for layout in (0, 1, 2):
+            for has_map in (False, True):
+                tag = f"[E_PAD={e_pad},layout={layout},map={int(has_map)}]"
+                cfgs.append(KernelConfig(
+                    "route_offsets" + tag, _route_offsets_kernel,
+                    {"totals_ptr": "*i32", "expert_map_ptr": "*i32", "base_ptr": "*i32", "count_out_ptr": "*i32",
+                     "masked_m_ptr": "*i32", "num_experts": "i32", "align": "i32", "max_m": "i32",
+                     "LAYOUT": "constexpr", "HAS_MAP": "constexpr", "E_PAD": "constexpr"},
+                    {"LAYOUT": layout, "HAS_MAP": has_map, "E_PAD": e_pad}))
+                cfgs.append(KernelConfig(
+                    "route_scatter" + tag, _route_scatter_kernel,
+                    {"topk_ids_ptr": "*i32", "chunk_start_ptr": "*i32", "base_ptr": "*i32", "expert_map_ptr": "*i32",
+                     "out_a_ptr": "*i32", "out_b_ptr": "*i32", "route_to_row_ptr": "*i32", "expert_ids_ptr": "*i32",
+                     "num_routes": "i32", "num_experts": "i32", "num_chunks": "i32", "max_m": "i32",
+                     "block_size": "i32", "num_blocks": "i32", "padded_count_ptr": "*i32",
+                     "LAYOUT": "constexpr", "HAS_MAP": "constexpr", "E_PAD": "constexpr", "CHUNK": "constexpr",
+                     "BLOCK_TILE": "constexpr"},
+                    {"LAYOUT": layout, "HAS_MAP": has_map, "E_PAD": e_pad, "CHUNK": CHUNK, "BLOCK_TILE": BLOCK_TILE}))
+    return cfgs

@@ -1,0 +1,156 @@
+"""Compile tier: build every production kernel configuration for sm_90a without a GPU.
+
+Each kernel module lists the configurations its launchers and heuristics can pick in a
+``compile_configs()`` function returning `KernelConfig`s; `KERNEL_MODULES` names those
+modules. For each configuration we compile to a cubin for ``GPUTarget("cuda", 90, 32)``
+(Triton ships ptxas, so no driver is needed) and report what the hardware would refuse or
+punish: shared memory over the 227 KB a block may use, register spills, ptxas warnings
+(C7515 = wgmma serialized), and whether the SASS holds the instructions the kernel was
+written to use (``HGMMA`` for a bf16 wgmma kernel, ``QGMMA`` for fp8).
+
+Run ``python -m lowbit.kernels.compile_tier`` (JSON with ``--json``). It must run without
+``TRITON_INTERPRET`` (the interpreter replaces the JIT functions), so the test tier calls it
+in a subprocess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["KernelConfig", "CompileReport", "KERNEL_MODULES", "SMEM_LIMIT_SM90", "compile_sm90", "run_all"]
+
+#: Largest dynamic shared memory one block may use on sm_90 (227 KB).
+SMEM_LIMIT_SM90 = 232448
+
+#: Modules with a ``compile_configs()`` function. A new kernel family adds itself here.
+KERNEL_MODULES = [
+    "lowbit.kernels.moe_routing",
+]
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One production configuration of a ``@triton.jit`` kernel.
+
+    signature: Triton type strings per argument (``"*bf16"``, ``"i32"``, ``"constexpr"``).
+    constexprs: values of the constexpr arguments.
+    expect_sass: SASS mnemonics that must appear (e.g. ``("HGMMA",)``).
+    """
+
+    name: str
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 1
+    expect_sass: tuple[str, ...] = ()
+
+
+@dataclass
+class CompileReport:
+    name: str
+    ok: bool
+    shared_bytes: int = 0
+    registers: int = -1
+    spill_bytes: int = -1
+    sass_missing: list[str] = field(default_factory=list)
+    ptxas_warnings: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def _triton_bin(tool: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+
+
+def compile_sm90(cfg: KernelConfig) -> CompileReport:
+    """Compile `cfg` for sm_90a and inspect the cubin (registers, spills, SASS mnemonics)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    try:
+        src = ASTSource(fn=cfg.fn, signature=cfg.signature, constexprs=cfg.constexprs)
+        k = triton.compile(
+            src,
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+        )
+    except Exception as exc:  # report, do not crash the tier
+        return CompileReport(cfg.name, ok=False, error=f"{type(exc).__name__}: {exc}"[:2000])
+    rep = CompileReport(cfg.name, ok=True, shared_bytes=int(k.metadata.shared))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([_triton_bin("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True)
+        m = re.search(r"REG:(\d+)", res.stdout)
+        rep.registers = int(m.group(1)) if m else -1
+        m = re.search(r"LOCAL:(\d+)", res.stdout)
+        rep.spill_bytes = int(m.group(1)) if m else -1
+        sass = subprocess.run([_triton_bin("cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+    rep.sass_missing = [op for op in cfg.expect_sass if op not in sass]
+    # ptxas warnings (e.g. C7515: wgmma serialized) surface in the PTX->cubin step; re-run it
+    # on the PTX only when wgmma is expected, since that is where they matter.
+    if any("GMMA" in op for op in cfg.expect_sass):
+        with tempfile.TemporaryDirectory() as d:
+            ptx = os.path.join(d, "k.ptx")
+            with open(ptx, "w") as f:
+                f.write(k.asm["ptx"])
+            res = subprocess.run(
+                [_triton_bin("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "k.cubin")],
+                capture_output=True, text=True,
+            )
+            rep.ptxas_warnings = [l for l in res.stderr.splitlines() if "warning" in l.lower()]
+    rep.ok = (
+        rep.shared_bytes <= SMEM_LIMIT_SM90
+        and not rep.sass_missing
+        and rep.spill_bytes in (0, -1)
+        and not rep.ptxas_warnings
+    )
+    return rep
+
+
+def all_configs() -> list[KernelConfig]:
+    cfgs: list[KernelConfig] = []
+    for mod in KERNEL_MODULES:
+        cfgs.extend(importlib.import_module(mod).compile_configs())
+    return cfgs
+
+
+def run_all(pattern: str | None = None) -> list[CompileReport]:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("the compile tier needs TRITON_INTERPRET unset (run it in its own process)")
+    return [compile_sm90(c) for c in all_configs() if pattern is None or re.search(pattern, c.name)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the reports as JSON")
+    ap.add_argument("--filter", default=None, help="regex on config names")
+    args = ap.parse_args(argv)
+    reports = run_all(args.filter)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reports]))
+    else:
+        for r in reports:
+            status = "ok  " if r.ok else "FAIL"
+            print(f"{status} {r.name:60s} smem={r.shared_bytes:6d} regs={r.registers:4d} "
+                  f"spill={r.spill_bytes} {r.error or ''}{' missing ' + str(r.sass_missing) if r.sass_missing else ''}"
+                  f"{' ' + '; '.join(r.ptxas_warnings) if r.ptxas_warnings else ''}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

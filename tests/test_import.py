@@ -1,0 +1,24 @@
+"""`import lowbit` (and its kernels package) must not initialize CUDA or compile anything."""
+
+import subprocess
+import sys
+
+CODE = r"""
+import torch
+import lowbit, lowbit.formats, lowbit.routing, lowbit.reference, lowbit.kernels, lowbit.testing
+import lowbit.kernels.moe_routing
+assert not torch.cuda.is_initialized(), "import lowbit initialized CUDA"
+print("ok")
+"""
+
+
+def test_import_does_not_initialize_cuda():
+    res = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
+
+
+def test_version():
+    import lowbit
+
+    assert isinstance(lowbit.__version__, str) and lowbit.__version__.count(".") == 2
