@@ -66,7 +66,9 @@ def to_fp8e4m3(x):
         # subnormals: multiples of 2^-9; adding 2^14 (whose ulp is 2^-9) rounds to nearest even
         sub = (ax + 16384.0) - 16384.0
         r = tl.where(ax >= 0.015625, normal, sub)
-        r = tl.where(x < 0, -r, r)
+        # restore the sign on the bits so that -0.0 stays -0.0, as the hardware cast keeps it
+        sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+        r = (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         return r.to(tl.float8e4nv)
     else:
         return x.to(tl.float8e4nv)
