@@ -107,7 +107,7 @@ class Format:
         want = (*q.codes.shape[:-1], q.codes.shape[-1] // self.group_size)
         if q.codes.shape[-1] % self.group_size or tuple(q.scales.shape) != want:
             raise FormatError(
-                f"{self.name}: codes {tuple(q.codes.shape)} need scales {want}, "
+                f"{self.name}: codes {tuple(q.codes.shape)} need group-{self.group_size} scales {want}, "
                 f"got {tuple(q.scales.shape)}"
             )
 

@@ -34,6 +34,7 @@ SMEM_LIMIT_SM90 = 232448
 #: Modules with a ``compile_configs()`` function. A new kernel family adds itself here.
 KERNEL_MODULES = [
     "lowbit.kernels.moe_routing",
+    "lowbit.kernels.w4a16_indexed",
 ]
 
 

@@ -1,0 +1,151 @@
+"""W4A16 indexed MoE GEMM vs the FP32 reference (interpreter on the CPU tier, native on the GPU)."""
+
+import pytest
+import torch
+
+from lowbit import reference, routing
+from lowbit.formats import FormatError, get_format
+from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
+from lowbit.kernels.w4a16_indexed import _M_TILES, w4a16_indexed, w4a16_indexed_config
+from lowbit.testing import assert_bitwise_equal, assert_close, poison_, random_topk_ids, random_topk_weights
+
+from conftest import ON_GPU
+
+INT4 = get_format("int4_g32")
+BLOCKS = sorted({row[1] for row in _M_TILES})  # every M tile the heuristics can pick
+
+
+def _problem(e, n, k, t, top_k, gen, device, hot=None):
+    wq = INT4.quantize(torch.randn(e, n, k, generator=gen) * 0.05)
+    a = torch.randn(t, k, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(t, top_k, e, generator=gen, hot_expert=hot)
+    return wq, pack_w4a16(wq).to(device), a.to(device), ids.to(device)
+
+
+def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, over_alloc=0):
+    e = ids.max().item() + 1 if emap is None else emap.numel()
+    r = routing.moe_align_block_size(ids, block, max(e, wq.codes.shape[0]) if emap is None else emap.numel(), emap)
+    sorted_ids, expert_ids = r.sorted_token_ids, r.expert_ids
+    if over_alloc:  # a bigger buffer than needed: the kernel must stop at the device-side count
+        sorted_ids = torch.cat([sorted_ids, torch.full((over_alloc * block,), ids.numel(), dtype=torch.int32, device=device)])
+        expert_ids = torch.cat([expert_ids, torch.zeros(over_alloc, dtype=torch.int32, device=device)])
+    out = poison_(torch.empty(ids.numel(), pw.n, dtype=torch.bfloat16, device=device))
+    cfg = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
+    w4a16_indexed(a, pw, sorted_ids, expert_ids, r.num_tokens_post_padded, top_k,
+                  topk_weights=topk_weights, out=out, config=cfg)
+    ref = reference.w4a16_indexed_ref(a.cpu(), wq, r.sorted_token_ids.cpu(), r.expert_ids.cpu(),
+                                      r.num_tokens_post_padded.cpu(), top_k,
+                                      None if topk_weights is None else topk_weights.cpu())
+    return out.cpu(), ref
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("shape", [
+    (4, 80, 288, 5, 2),    # N, K not multiples of the tiles (K=288: 256 + a partial tile)
+    (6, 64, 256, 1, 4),    # one token (M=1)
+    (3, 32, 512, 20, 1),   # down-like top_k=1, more rows than a 16-row block
+], ids=lambda s: "E{}_N{}_K{}_T{}_k{}".format(*s))
+def test_matches_reference(shape, block, gen, device):
+    e, n, k, t, top_k = shape
+    wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, device)
+    out, ref = _check(a, wq, pw, ids, block, top_k, device)
+    assert_close(out.float(), ref, "bf16_out")
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_edges_hot_expert_weights_overalloc(block, gen, device):
+    """All tokens on one expert + an empty expert + routing weights + over-allocated buffers."""
+    wq, pw, a, ids = _problem(5, 48, 256, 24, 2, gen, device, hot=1)
+    tw = random_topk_weights(24, 2, generator=gen).to(device)
+    out, ref = _check(a, wq, pw, ids, block, 2, device, topk_weights=tw, over_alloc=3)
+    assert_close(out.float(), ref, "bf16_out")
+
+
+def test_remote_experts_and_dropped_routes_leave_rows_untouched(gen, device):
+    e = 6
+    wq, pw, a, ids = _problem(e, 40, 256, 9, 2, gen, device)
+    ids.view(-1)[::5] = -1
+    emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device=device)  # experts 0, 1 remote
+    wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
+    pw_local = pack_w4a16(wq_local).to(device)
+    out, ref = _check(a, wq_local, pw_local, ids, 16, 2, device, emap=emap)
+    untouched = (ids.flatten().cpu() < 2)
+    assert untouched.any()
+    assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
+    assert_close(out[~untouched].float(), ref[~untouched], "bf16_out")
+
+
+def test_one_hot_activations_give_the_weight(gen, device):
+    """a = eye(K): each output row is the dequantized weight column, exactly (bf16-rounded)."""
+    e, n, k = 2, 64, 256
+    wq = INT4.quantize(torch.randn(e, n, k, generator=gen) * 0.05)
+    pw = pack_w4a16(wq).to(device)
+    a = torch.eye(k, dtype=torch.bfloat16, device=device)
+    ids = torch.zeros(k, 1, dtype=torch.int32, device=device)  # every row to expert 0
+    out, _ = _check(a, wq, pw, ids, 64, 1, device)
+    assert_bitwise_equal(out, wq.select(0).dequantize().T.to(torch.bfloat16), "one-hot rows")
+
+
+def test_pack_round_trip_and_profiles(gen):
+    wq = INT4.quantize(torch.randn(2, 16, 96, generator=gen))
+    pw = pack_w4a16(wq)
+    assert pw.k_padded == 256
+    u = unpack_w4a16(pw)
+    assert_bitwise_equal(u.codes, wq.codes, "codes")
+    assert_bitwise_equal(u.scales, wq.scales, "scales")
+    # from compressed-tensors tensors directly
+    ct = INT4.pack(wq)
+    assert_bitwise_equal(pack_w4a16(ct["weight_packed"], ct["weight_scale"]).qweight, pw.qweight, "from checkpoint")
+    with pytest.raises(FormatError, match="contiguous"):
+        pack_w4a16(wq, profile="contiguous").check("indexed")
+
+
+def test_bad_input(gen, device):
+    wq, pw, a, ids = _problem(3, 32, 256, 4, 2, gen, device)
+    r = routing.moe_align_block_size(ids, 16, 3)
+    args = (r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2)
+    with pytest.raises(TypeError, match="bf16"):
+        w4a16_indexed(a.float(), pw, *args)
+    with pytest.raises(ValueError, match="K="):
+        w4a16_indexed(a[:, :128].contiguous(), pw, *args)
+    with pytest.raises(TypeError, match="int32"):
+        w4a16_indexed(a, pw, r.sorted_token_ids.long(), *args[1:])
+    with pytest.raises(ValueError, match="block size"):
+        w4a16_indexed(a, pw, *args, config=w4a16_indexed_config(8, 3, 32, 256, block_m=64))
+    with pytest.raises(FormatError, match="masked"):
+        w4a16_indexed(a, pack_w4a16(wq, profile="masked").to(device), *args)
+    with pytest.raises(FormatError, match="group"):
+        pack_w4a16(wq.codes, torch.ones(3, 32, 4, dtype=torch.bfloat16))  # group 64 scales
+    with pytest.raises(FormatError, match="uint8"):
+        pack_w4a16(wq.codes.float(), wq.scales)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_gate_up_and_down(gen):
+    """Capture routing + gate_up + down for a decode shape; replay with new routing."""
+    e, h, inter, t, top_k = 8, 256, 128, 4, 2
+    w13 = INT4.quantize(torch.randn(e, 2 * inter, h, generator=gen) * 0.05)
+    w2 = INT4.quantize(torch.randn(e, h, inter, generator=gen) * 0.05)
+    p13, p2 = pack_w4a16(w13).cuda(), pack_w4a16(w2).cuda()
+    hidden = torch.randn(t, h, generator=gen).to(torch.bfloat16).cuda()
+    ids = random_topk_ids(t, top_k, e, generator=gen).cuda()
+    block = w4a16_indexed_config(t * top_k, e, 2 * inter, h).block_m
+
+    def step():
+        r = routing.moe_align_block_size(ids, block, e)
+        gu = w4a16_indexed(hidden, p13, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k)
+        act = (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(torch.bfloat16)
+        return w4a16_indexed(act, p2, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 1)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step()
+    for _ in range(3):
+        ids.copy_(random_topk_ids(t, top_k, e, generator=gen).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        ones = torch.ones(t, top_k, device="cuda")
+        got = routing.combine_routes(y, torch.arange(t * top_k, dtype=torch.int32, device="cuda"), ones)
+        want = reference.moe_experts_ref(hidden.cpu(), ids.cpu(), ones.cpu(), w13, w2, round_intermediate=True)
+        assert_close(got.cpu(), want, "bf16_chain", "graph replay")
