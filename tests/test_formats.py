@@ -277,15 +277,7 @@ def test_wrong_dtypes_are_rejected(name, seed):
         fmt.quantize(x[..., :-1])
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(reason="int4_g32.quantize widens integer input silently"))
-        if n == "int4_g32"
-        else n
-        for n in ALL_FORMATS
-    ],
-)
+@pytest.mark.parametrize("name", ALL_FORMATS)
 def test_integer_input_is_rejected(name):
     fmt = get_format(name)
     with pytest.raises(FormatError):

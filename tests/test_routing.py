@@ -69,7 +69,7 @@ def test_indexed_invariants(case, gen, device):
     t, k, e, block = case
     ids = _draw(case, gen, "cpu", "dropped")
     emap = _expert_map(e, "cpu")
-    r = routing.moe_align_block_size(ids.to(device), block, e, emap)
+    r = routing.moe_align_block_size(ids.to(device), block, e, emap.to(device))
     sorted_ids, expert_ids = r.sorted_token_ids.cpu(), r.expert_ids.cpu()
     ntpp = int(r.num_tokens_post_padded.item())
     n = t * k
@@ -102,7 +102,7 @@ def test_contiguous_and_masked_invariants(case, gen, device):
     ids = _draw(case, gen, "cpu", "random")
     emap = _expert_map(e, "cpu")
     g = e - e // 2
-    c = routing.build_contiguous(ids.to(device), e, emap, num_local_experts=g)
+    c = routing.build_contiguous(ids.to(device), e, emap.to(device), num_local_experts=g)
     m_idx, r2r, rt = c.m_indices.cpu(), c.row_to_route.cpu(), c.route_to_row.cpu()
     rows = int(c.num_rows.item())
     assert rows % 128 == 0 and m_idx.numel() == routing.max_contiguous_rows(t * k, g)
@@ -119,7 +119,7 @@ def test_contiguous_and_masked_invariants(case, gen, device):
     # masked: expert g's rows start at g*max_m, masked_m counts them, -1 after
     max_m = 64 if t * k > 64 else t * k
     if torch.bincount(local[local >= 0].long(), minlength=g).max() <= max_m:
-        mk = routing.build_masked(ids.to(device), e, max_m, emap, num_local_experts=g)
+        mk = routing.build_masked(ids.to(device), e, max_m, emap.to(device), num_local_experts=g)
         mm, r2r = mk.masked_m.cpu(), mk.row_to_route.cpu().view(g, max_m)
         assert torch.equal(mm, torch.bincount(local[local >= 0].long(), minlength=g).to(torch.int32))
         for grp in range(g):

@@ -89,6 +89,11 @@ class Format:
 
     # -- shared checks -------------------------------------------------------------------
     def check_groups(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise FormatError(
+                f"{self.name}: quantize takes a float32/bfloat16/float16 tensor, got "
+                f"{getattr(x, 'dtype', type(x).__name__)}"
+            )
         if x.dim() < 1:
             raise FormatError(f"{self.name}: expected a tensor with at least one dim, got a scalar")
         if x.shape[-1] % self.group_size != 0:

@@ -1,0 +1,116 @@
+"""Sweep W4A16 indexed launch configurations on the GPU (a tuning aid, not a test).
+
+    python scripts/w4a16_sweep.py [--cases a,b] [--out rows.json]
+
+Each configuration runs in its own process (a config that faults -- Triton 3.6 has produced
+misaligned-address kernels for some tile shapes -- must not take the sweep down): the child
+first checks the config against the FP32 reference, then times every case with
+triton.testing.do_bench (L2 flushed between reps). Bytes: INT4 weights + scales of the experts
+hit, activations read once, output written once. Prints the best passing config per case.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+READ_BW = 4.50e12
+
+CASES = {
+    # name: (rows fed to the GEMM, top_k, experts, N, K)
+    "ep8_t20_gate_up": (20, 8, 48, 4096, 7168),
+    "ep8_t20_down": (160, 1, 48, 7168, 2048),
+    "ep8_t256_gate_up": (256, 8, 48, 4096, 7168),
+    "ep8_t256_down": (2048, 1, 48, 7168, 2048),
+    "tp8_t1024_gate_up": (1024, 8, 384, 512, 7168),
+    "tp8_t1024_down": (8192, 1, 384, 7168, 256),
+}
+
+
+def candidates():
+    for bm, bn, warps, stages, swap in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4), (False, True)):
+        if swap and bm > 32 or (bm == 128 and bn == 64):
+            continue
+        yield bm, bn, warps, stages, swap
+
+
+def child(cfg_s: str, cases: list[str]) -> None:
+    import torch
+    import triton
+
+    from lowbit import reference, routing
+    from lowbit.formats import get_format
+    from lowbit.formats.w4a16 import LAYOUT_K256_GROUP_NIBBLES, W4A16Weight, pack_w4a16
+    from lowbit.kernels.w4a16_indexed import W4A16IndexedConfig, w4a16_indexed
+    from lowbit.testing import make_generator, random_topk_ids, rel_fro_err
+
+    bm, bn, warps, stages, swap = (int(x) for x in cfg_s.split(","))
+    cfg = W4A16IndexedConfig(bm, bn, warps, stages, bool(swap))
+    g = make_generator(1)
+    # correctness first (odd shape: N and K not multiples of the tiles)
+    e, n, k, t, top_k = 8, 320, 1312, 37, 4
+    wq = get_format("int4_g32").quantize(torch.randn(e, n, k, generator=g) * 0.05)
+    pw = pack_w4a16(wq).to("cuda")
+    a = torch.randn(t, k, generator=g).to(torch.bfloat16).cuda()
+    ids = random_topk_ids(t, top_k, e, generator=g).cuda()
+    r = routing.moe_align_block_size(ids, bm, e)
+    out = w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, config=cfg)
+    ref = reference.w4a16_indexed_ref(a, wq.select(slice(None)) if False else
+                                      type(wq)(wq.codes.cuda(), wq.scales.cuda(), wq.fmt),
+                                      r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k)
+    err = rel_fro_err(out.float(), ref)
+    print(json.dumps({"check": cfg_s, "rel_err": err}), flush=True)
+    if not err < 4e-3:
+        return
+    for name in cases:
+        t, top_k, e, n, k = CASES[name]
+        w = W4A16Weight(torch.randint(-2**31, 2**31 - 1, (e, n, k // 8), dtype=torch.int32, device="cuda"),
+                        (torch.rand(e, k // 32, n, device="cuda") * 0.01 + 0.001).to(torch.bfloat16),
+                        n, k, LAYOUT_K256_GROUP_NIBBLES, "indexed")
+        a = torch.randn(t, k, device="cuda").to(torch.bfloat16)
+        ids = (random_topk_ids(t // 8, 8, e, generator=g).view(-1, 1) if top_k == 1
+               else random_topk_ids(t, top_k, e, generator=g)).cuda()
+        hit = ids.unique().numel()
+        bytes_ = hit * (n * k // 2 + n * k // 16) + t * k * 2 + ids.numel() * n * 2
+        r = routing.moe_align_block_size(ids, bm, e)
+        fn = lambda: w4a16_indexed(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, config=cfg)
+        us = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
+        print(json.dumps(dict(case=name, cfg=cfg_s, us=us, tbps=bytes_ / us / 1e6, bw=bytes_ / (us * 1e-6) / READ_BW,
+                              tflops=2 * ids.numel() * n * k / us / 1e6)), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--child", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cases = args.cases.split(",")
+    if args.child:
+        return child(args.child, cases)
+    rows, bad = [], []
+    for c in candidates():
+        cfg_s = ",".join(str(int(x)) for x in c)
+        res = subprocess.run([sys.executable, __file__, "--child", cfg_s, "--cases", args.cases],
+                             capture_output=True, text=True, timeout=300)
+        got = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
+        chk = next((g for g in got if "check" in g), None)
+        if res.returncode or chk is None or not chk["rel_err"] < 4e-3:
+            tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
+            bad.append((cfg_s, chk["rel_err"] if chk else None, tail))
+            print(f"FAIL {cfg_s}: err={chk and chk['rel_err']} {tail}", flush=True)
+        rows += [g for g in got if "case" in g]
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "failed": bad}, f)
+    print("\nbest passing config per case (bm,bn,warps,stages,swap):")
+    for name in cases:
+        rs = sorted((r for r in rows if r["case"] == name), key=lambda r: r["us"])
+        for r in rs[:3]:
+            print(f"{name:20s} {r['cfg']:14s} {r['us']:8.1f} us {r['tbps']:5.2f} TB/s ({100 * r['bw']:4.1f}% BW) {r['tflops']:6.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
