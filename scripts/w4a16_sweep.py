@@ -30,7 +30,7 @@ CASES = {
 
 
 def candidates():
-    for bm, bn, warps, stages, swap in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (3, 4), (False, True)):
+    for bm, bn, warps, stages, swap in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (int(os.environ.get("SWEEP_STAGES", "3")),), (False, True)):
         if swap and bm > 32 or (bm == 128 and bn == 64):
             continue
         yield bm, bn, warps, stages, swap
