@@ -1,0 +1,5 @@
+"""``python -m lowbit``: see `lowbit.cli`."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""The benchmark driver and CLI without a GPU: case registry, byte model, Humming weight
+layout, JSON rows, refcheck failures, timing statistics, and the CLI subcommands."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lowbit.bench import cases as cases_mod
+from lowbit.bench.cases import CASES, DEFAULT_CASE_NAMES, build_problem, byte_model, select_cases
+from lowbit.bench.driver import ROW_KEYS, format_table, refcheck, run_bench, write_results
+from lowbit.bench.providers import (
+    PROVIDERS,
+    TorchProvider,
+    contiguous_expert_offsets,
+    humming_weight_tensors,
+)
+from lowbit.bench.timing import measure, quantile
+from lowbit.formats import get_format
+from lowbit.reference.routing import build_contiguous_ref
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str, env_extra: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the CLI must set it itself on a CPU-only machine
+    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "lowbit", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout)
+
+
+# -- registry ------------------------------------------------------------------------------
+def test_kimi_shapes_match_the_spec():
+    for name, case in CASES.items():
+        gate_up, down = case.projections
+        assert (gate_up.name, down.name) == ("gate_up", "down"), name
+        for p in case.projections:
+            assert p.k % 32 == 0 and p.k % 8 == 0, (name, p)
+        if case.profile == "ep8":
+            assert case.num_experts == 48
+            assert (gate_up.n, gate_up.k, down.n, down.k) == (4096, 7168, 7168, 2048)
+        if case.profile == "tp8":
+            assert case.num_experts == 384
+            assert (gate_up.n, gate_up.k, down.n, down.k) == (512, 7168, 7168, 256)
+        if case.layout == "indexed":
+            # gate_up routes each token top-8; down consumes the 8T routed rows one route each
+            assert case.tokens > 0 and down.top_k == 1
+            if case.profile != "smoke":
+                assert gate_up.top_k == 8
+        else:
+            assert gate_up.top_k == down.top_k == 1 and case.rows_per_expert > 0
+        if case.layout == "contiguous":
+            assert case.rows_per_expert % 128 == 0, "contiguous points avoid padding tiles"
+        if case.layout == "masked":
+            assert case.max_m >= case.masked_jitter[1] * case.rows_per_expert
+
+
+def test_headline_points_are_the_default_set():
+    assert set(DEFAULT_CASE_NAMES) <= set(CASES)
+    picked = {c.name: c for c in select_cases(None)}
+    assert list(picked) == list(DEFAULT_CASE_NAMES)
+    assert picked["ep8_indexed_t256"].nominal_routed_rows == 2048      # "2048 tokens" prefill
+    assert picked["ep8_indexed_t1024"].nominal_routed_rows == 8192
+    assert picked["tp8_indexed_t1024"].nominal_routed_rows == 8192
+    assert picked["tp8_indexed_t8192"].nominal_routed_rows == 65536
+    assert picked["ep8_contiguous_128"].rows_per_expert == 128
+    assert picked["ep8_masked_32"].rows_per_expert == 32 and picked["ep8_masked_32"].max_m == 256
+    ep8_tokens = sorted(c.tokens for c in CASES.values() if c.profile == "ep8" and c.layout == "indexed")
+    assert ep8_tokens == [1, 4, 8, 16, 20, 32, 50, 256, 1024]
+
+
+def test_select_cases_by_glob_tag_and_errors():
+    assert [c.name for c in select_cases(["tp8_*"])] == ["tp8_indexed_t1024", "tp8_indexed_t8192"]
+    assert all(c.layout == "masked" for c in select_cases(["masked"]))
+    both = select_cases(["ep8_masked_32", "ep8_indexed_t20", "ep8_indexed_t20"])
+    assert [c.name for c in both] == ["ep8_indexed_t20", "ep8_masked_32"]  # registry order, no duplicates
+    assert not any(c.profile == "smoke" for c in select_cases(["all"]))
+    with pytest.raises(ValueError, match="no benchmark case matches"):
+        select_cases(["nope_*"])
+
+
+def test_masked_draw_stays_in_the_jitter_band():
+    case = CASES["ep8_masked_32"]
+    gen = torch.Generator()
+    gen.manual_seed(case.seed)
+    ids = cases_mod._draw_grouped_ids(case, gen)
+    counts = torch.bincount(ids.flatten().long(), minlength=48)
+    assert ids.shape[1] == 1 and counts.numel() == 48
+    assert int(counts.min()) >= 23 and int(counts.max()) <= 41   # 0.7*32 .. 1.3*32
+    assert abs(float(counts.float().mean()) - 32) < 4
+
+
+@pytest.mark.parametrize("name", ["smoke_indexed", "smoke_contiguous", "smoke_masked"])
+def test_problem_route_tables(name):
+    case = CASES[name]
+    gate_up = build_problem(case, "gate_up", "cpu")
+    down = build_problem(case, "down", "cpu")
+    for p in (gate_up, down):
+        assert p.a.dtype == torch.bfloat16 and p.a.shape[1] == p.proj.k
+        assert p.route_out.numel() == p.route_in.numel() == p.route_expert.numel()
+        assert bool((p.route_expert[1:] >= p.route_expert[:-1]).all()), "routes sorted by expert"
+        assert p.reference().shape == (p.out_rows, p.proj.n)
+    if case.layout == "indexed":
+        t, k = case.tokens, gate_up.proj.top_k
+        assert gate_up.a.shape[0] == t and gate_up.out_rows == t * k
+        assert down.a.shape[0] == t * k and down.out_rows == t * k
+        # down keeps the gate_up draw: route t*k+j on expert topk_ids[t, j]
+        assert torch.equal(down.topk_ids.flatten(), gate_up.topk_ids.flatten())
+    elif case.layout == "contiguous":
+        assert gate_up.routed_rows == case.num_experts * case.rows_per_expert
+        assert bool((gate_up.contiguous.m_indices[: gate_up.routed_rows] >= 0).all()), "no padding inside segments"
+    else:
+        assert gate_up.out_rows == case.num_experts * case.max_m
+        assert int(gate_up.masked.masked_m.sum()) == gate_up.routed_rows
+    cases_mod.clear_weight_cache()
+
+
+# -- byte model ----------------------------------------------------------------------------
+def test_byte_model_by_hand_ep8_contiguous_128_gate_up():
+    # 48 experts x 128 rows = 6144 rows, N=4096, K=7168, every expert hit
+    bm = byte_model(experts_hit=48, n=4096, k=7168, act_rows=6144, routed_rows=6144)
+    assert bm.weight_bytes == 48 * 4096 * 7168 // 2 == 704_643_072
+    assert bm.scale_bytes == 48 * 4096 * 224 * 2 == 88_080_384
+    assert bm.act_bytes == 6144 * 7168 * 2 == 88_080_384
+    assert bm.out_bytes == 6144 * 4096 * 2 == 50_331_648
+    assert bm.total_bytes == 931_135_488
+    assert bm.flops == 2 * 6144 * 4096 * 7168
+    # 361 TFLOP at 678 TFLOP/s (532 us) outweighs 931 MB at 4.5 TB/s (207 us): compute floor
+    assert bm.floor_us() == pytest.approx(bm.flops / 678e12 * 1e6)
+    assert 531 < bm.floor_us() < 533
+
+
+def test_byte_model_ep8_decode_down_counts_experts_hit_only():
+    # EP8 down at T=20: 160 routed rows of K=2048 read once each, 47 experts hit
+    bm = byte_model(experts_hit=47, n=7168, k=2048, act_rows=160, routed_rows=160)
+    assert bm.weight_bytes == 47 * 7168 * 1024
+    assert bm.scale_bytes == 47 * 7168 * 64 * 2
+    assert bm.act_bytes == 160 * 2048 * 2 and bm.out_bytes == 160 * 7168 * 2
+    assert bm.floor_us() == pytest.approx(bm.total_bytes / 4.5e12 * 1e6)
+
+
+def test_problem_bytes_use_the_draw():
+    p = build_problem(CASES["smoke_indexed"], "gate_up", "cpu")
+    bm = p.bytes()
+    hit = int(torch.unique(p.topk_ids).numel())
+    assert bm.weight_bytes == hit * p.proj.n * p.proj.k // 2
+    assert bm.act_bytes == p.case.tokens * p.proj.k * 2          # each token read once, not top_k times
+    assert bm.out_bytes == p.case.tokens * p.proj.top_k * p.proj.n * 2
+    cases_mod.clear_weight_cache()
+
+
+# -- Humming adapters (layout only: Humming itself needs the GPU) ----------------------------
+def test_humming_weight_tensors_are_unsigned_nibbles_in_order():
+    gen = torch.Generator().manual_seed(0)
+    w = get_format("int4_g32").quantize(torch.randn(2, 4, 64, generator=gen))
+    t = humming_weight_tensors(w)
+    assert t["weight"].dtype == torch.int32 and t["weight"].shape == (2, 4, 8)
+    assert t["weight_scale"].dtype == torch.bfloat16 and t["weight_scale"].shape == (2, 4, 2)
+    words = t["weight"].to(torch.int64) & 0xFFFFFFFF
+    for i in range(8):  # element 8j+i sits in bits 4i..4i+3 of word j, as the code q (0..15)
+        assert torch.equal((words >> (4 * i)) & 0xF, w.codes[..., i::8].to(torch.int64))
+
+
+def test_contiguous_expert_offsets():
+    ids = torch.tensor([[2], [0], [2], [2], [0]], dtype=torch.int32)  # expert 1 empty
+    r = build_contiguous_ref(ids, 3, 3, alignment=4)
+    off = contiguous_expert_offsets(r.m_indices, 3, 4)
+    assert off.dtype == torch.int64 and off.tolist() == [0, 4, 4, 8]
+    with pytest.raises(ValueError, match="expert-ordered"):
+        contiguous_expert_offsets(r.m_indices.flip(0), 3, 4)
+
+
+# -- driver rows ---------------------------------------------------------------------------
+class _WrongProvider(TorchProvider):
+    """A provider whose answer is 10% off: must be reported FAIL, never timed."""
+
+    name = "wrong"
+
+    def run(self):
+        return super().run() * 1.1
+
+
+class _CrashingProvider(TorchProvider):
+    name = "crash"
+
+    def prepare(self, problem):
+        raise RuntimeError("boom")
+
+
+@pytest.fixture
+def extra_providers(monkeypatch):
+    monkeypatch.setitem(PROVIDERS, "wrong", _WrongProvider)
+    monkeypatch.setitem(PROVIDERS, "crash", _CrashingProvider)
+
+
+def test_run_bench_rows_schema_and_statuses(tmp_path, extra_providers):
+    rows = run_bench(select_cases(["smoke_indexed", "smoke_masked"]), ["torch", "wrong", "crash", "humming"],
+                     device="cpu", timing={"min_reps": 3}, progress=None)
+    # humming is unavailable without a GPU: no rows; 2 cases x (2 projections + sum) x 3 providers
+    assert len(rows) == 2 * 3 * 3
+    for r in rows:
+        assert set(r) == set(ROW_KEYS)
+    by = {(r["case"], r["projection"], r["provider"]): r for r in rows}
+    ok = by[("smoke_indexed", "gate_up", "torch")]
+    assert ok["status"] == "ok" and ok["median_us"] > 0 and ok["rel_fro_err"] < 1e-2
+    assert ok["p20_us"] <= ok["median_us"] <= ok["p80_us"]
+    assert ok["tb_per_s"] == pytest.approx(ok["total_bytes"] / (ok["median_us"] * 1e-6) / 1e12)
+    assert ok["bw_fraction"] == pytest.approx(ok["tb_per_s"] / 4.5)
+    assert ok["torch"] == torch.__version__ and ok["date"]
+    bad = by[("smoke_indexed", "down", "wrong")]
+    assert bad["status"] == "FAIL" and bad["median_us"] is None and bad["rel_fro_err"] > 1e-2
+    crashed = by[("smoke_masked", "gate_up", "crash")]
+    assert crashed["status"] == "error" and "boom" in crashed["message"]
+    total = by[("smoke_masked", "sum", "torch")]
+    parts = [by[("smoke_masked", p, "torch")] for p in ("gate_up", "down")]
+    assert total["median_us"] == pytest.approx(sum(p["median_us"] for p in parts))
+    assert total["total_bytes"] == sum(p["total_bytes"] for p in parts)
+    assert by[("smoke_masked", "sum", "wrong")]["status"] == "FAIL"
+
+    path = write_results(rows, tmp_path, {"note": "test"})
+    loaded = json.loads(path.read_text())
+    assert isinstance(loaded, list) and len(loaded) == len(rows)
+    table = format_table(rows)
+    assert "FAIL" in table and "smoke_indexed" in table and "refcheck" in table
+
+
+def test_refcheck_rejects_wrong_shape_and_nan():
+    p = build_problem(CASES["smoke_masked"], "down", "cpu")
+    prov = TorchProvider()
+    prov.prepare(p)
+    out = prov.run()
+    assert refcheck(out, p)[0]
+    assert not refcheck(out[:-1], p)[0]
+    out[p.route_out[0]] = float("nan")
+    assert not refcheck(out, p)[0]
+    cases_mod.clear_weight_cache()
+
+
+def test_plot_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lowbit.bench.plot import plot_results
+
+    rows = run_bench(select_cases(["smoke_indexed"]), ["torch"], device="cpu", timing={"min_reps": 3}, progress=None)
+    assert plot_results(rows, tmp_path / "bench.png").stat().st_size > 0
+
+
+# -- timing --------------------------------------------------------------------------------
+def test_quantiles_and_cpu_timing():
+    assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert quantile([0.0, 10.0], 0.2) == pytest.approx(2.0)
+    t = measure(lambda: torch.ones(8).sum(), device="cpu", min_reps=5)
+    assert t.clock == "perf_counter" and t.reps == 5 and t.p20_us <= t.median_us <= t.p80_us
+
+
+# -- CLI -----------------------------------------------------------------------------------
+def test_cli_env_and_show_config():
+    r = _cli("env", "--json")
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    assert env["torch"] == torch.__version__ and "cuda_available" in env and "triton" in env
+    r = _cli("show-config")
+    assert r.returncode == 0 and "no kernels registered yet" in r.stdout
+
+
+def test_cli_bench_list():
+    r = _cli("bench", "--list")
+    assert r.returncode == 0, r.stderr
+    for name in DEFAULT_CASE_NAMES:
+        assert name in r.stdout
+
+
+def test_cli_bench_without_gpu_runs_the_checks():
+    # CUDA hidden: the plain `bench` takes the no-GPU path on any machine
+    r = _cli("bench", env_extra={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Timing needs a CUDA GPU" in r.stdout
+    assert "TRITON_INTERPRET=1" in r.stdout
+    assert "FAIL" not in r.stdout
+
+
+def test_imports_do_not_initialize_cuda():
+    code = ("import torch, lowbit, lowbit.bench, lowbit.cli, lowbit.bench.plot; "
+            "print(torch.cuda.is_initialized())")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
