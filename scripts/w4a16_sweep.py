@@ -30,40 +30,56 @@ CASES = {
 
 
 def candidates():
-    for bm, bn, warps, stages, swap in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (int(os.environ.get("SWEEP_STAGES", "3")),), (False, True)):
-        if swap and bm > 32 or (bm == 128 and bn == 64):
+    stages = int(os.environ.get("SWEEP_STAGES", "3"))
+    for bm, bn, warps, swap in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (True, False)):
+        if not swap and bm < 64:  # measured: 3-4x slower than swap-AB at these M tiles
             continue
         yield bm, bn, warps, stages, swap
 
 
-def child(cfg_s: str, cases: list[str]) -> None:
+def _cfg(cfg_s):
+    from lowbit.kernels.w4a16_indexed import W4A16IndexedConfig
+
+    bm, bn, warps, stages, swap = (int(x) for x in cfg_s.split(","))
+    return W4A16IndexedConfig(bm, bn, warps, stages, bool(swap))
+
+
+def child_check(cfg_s: str) -> None:
+    """Correctness of one config against the FP32 reference (odd shape: N, K off the tiles)."""
     import torch
-    import triton
 
     from lowbit import reference, routing
     from lowbit.formats import get_format
-    from lowbit.formats.w4a16 import LAYOUT_K256_GROUP_NIBBLES, W4A16Weight, pack_w4a16
-    from lowbit.kernels.w4a16_indexed import W4A16IndexedConfig, w4a16_indexed
+    from lowbit.formats.w4a16 import pack_w4a16
+    from lowbit.kernels.w4a16_indexed import w4a16_indexed
     from lowbit.testing import make_generator, random_topk_ids, rel_fro_err
 
-    bm, bn, warps, stages, swap = (int(x) for x in cfg_s.split(","))
-    cfg = W4A16IndexedConfig(bm, bn, warps, stages, bool(swap))
+    cfg = _cfg(cfg_s)
     g = make_generator(1)
-    # correctness first (odd shape: N and K not multiples of the tiles)
     e, n, k, t, top_k = 8, 320, 1312, 37, 4
     wq = get_format("int4_g32").quantize(torch.randn(e, n, k, generator=g) * 0.05)
     pw = pack_w4a16(wq).to("cuda")
     a = torch.randn(t, k, generator=g).to(torch.bfloat16).cuda()
     ids = random_topk_ids(t, top_k, e, generator=g).cuda()
-    r = routing.moe_align_block_size(ids, bm, e)
+    r = routing.moe_align_block_size(ids, cfg.block_m, e)
     out = w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, config=cfg)
-    ref = reference.w4a16_indexed_ref(a, wq.select(slice(None)) if False else
-                                      type(wq)(wq.codes.cuda(), wq.scales.cuda(), wq.fmt),
-                                      r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k)
-    err = rel_fro_err(out.float(), ref)
-    print(json.dumps({"check": cfg_s, "rel_err": err}), flush=True)
-    if not err < 4e-3:
-        return
+    wq_gpu = type(wq)(wq.codes.cuda(), wq.scales.cuda(), wq.fmt)
+    ref = reference.w4a16_indexed_ref(a, wq_gpu, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k)
+    print(json.dumps({"check": cfg_s, "rel_err": rel_fro_err(out.float(), ref)}), flush=True)
+
+
+def child_time(cfgs: list[str], cases: list[str]) -> None:
+    """Time passing configs on every case; one JSON line per row, streamed."""
+    import torch
+    import triton
+
+    from lowbit import routing
+    from lowbit.formats.w4a16 import LAYOUT_K256_GROUP_NIBBLES, W4A16Weight
+    from lowbit.kernels.w4a16_indexed import w4a16_indexed
+    from lowbit.testing import make_generator, random_topk_ids
+
+    g = make_generator(1)
+    problems = {}
     for name in cases:
         t, top_k, e, n, k = CASES[name]
         w = W4A16Weight(torch.randint(-2**31, 2**31 - 1, (e, n, k // 8), dtype=torch.int32, device="cuda"),
@@ -74,34 +90,68 @@ def child(cfg_s: str, cases: list[str]) -> None:
                else random_topk_ids(t, top_k, e, generator=g)).cuda()
         hit = ids.unique().numel()
         bytes_ = hit * (n * k // 2 + n * k // 16) + t * k * 2 + ids.numel() * n * 2
-        r = routing.moe_align_block_size(ids, bm, e)
-        fn = lambda: w4a16_indexed(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, config=cfg)
-        us = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3
-        print(json.dumps(dict(case=name, cfg=cfg_s, us=us, tbps=bytes_ / us / 1e6, bw=bytes_ / (us * 1e-6) / READ_BW,
-                              tflops=2 * ids.numel() * n * k / us / 1e6)), flush=True)
+        problems[name] = (w, a, ids, top_k, e, bytes_, 2 * ids.numel() * n * k)
+    for cfg_s in cfgs:
+        cfg = _cfg(cfg_s)
+        print(json.dumps({"start": cfg_s}), flush=True)
+        for name, (w, a, ids, top_k, e, bytes_, flops) in problems.items():
+            r = routing.moe_align_block_size(ids, cfg.block_m, e)
+            fn = lambda: w4a16_indexed(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, config=cfg)
+            us = triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3
+            print(json.dumps(dict(case=name, cfg=cfg_s, us=us, tbps=bytes_ / us / 1e6,
+                                  bw=bytes_ / (us * 1e-6) / READ_BW, tflops=flops / us / 1e6)), flush=True)
+
+
+def _run(args, timeout=600):
+    return subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def main():
+    from concurrent.futures import ThreadPoolExecutor
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--child", default=None)
+    ap.add_argument("--check", default=None)
+    ap.add_argument("--time", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cases = args.cases.split(",")
-    if args.child:
-        return child(args.child, cases)
-    rows, bad = [], []
-    for c in candidates():
-        cfg_s = ",".join(str(int(x)) for x in c)
-        res = subprocess.run([sys.executable, __file__, "--child", cfg_s, "--cases", args.cases],
-                             capture_output=True, text=True, timeout=300)
-        got = [json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")]
-        chk = next((g for g in got if "check" in g), None)
-        if res.returncode or chk is None or not chk["rel_err"] < 4e-3:
+    if args.check:
+        return child_check(args.check)
+    if args.time:
+        return child_time(args.time.split(";"), cases)
+    cfgs = [",".join(str(int(x)) for x in c) for c in candidates()]
+    # phase 1 (parallel: compile-bound): a config that faults or is wrong never gets timed
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda c: (c, _run(["--check", c], 300)), cfgs))
+    passing, bad = [], []
+    for c, res in results:
+        chk = next((json.loads(l) for l in res.stdout.splitlines() if l.startswith("{")), None)
+        if res.returncode == 0 and chk and chk["rel_err"] < 4e-3:
+            passing.append(c)
+        else:
             tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
-            bad.append((cfg_s, chk["rel_err"] if chk else None, tail))
-            print(f"FAIL {cfg_s}: err={chk and chk['rel_err']} {tail}", flush=True)
-        rows += [g for g in got if "case" in g]
+            bad.append((c, chk and chk["rel_err"], tail))
+            print(f"FAIL {c}: err={chk and chk['rel_err']} {tail}", flush=True)
+    # phase 2 (serial: the GPU is timed); a process that dies loses only the config it was on
+    rows, todo = [], list(passing)
+    while todo:
+        res = _run(["--time", ";".join(todo), "--cases", args.cases])
+        current = None
+        for l in res.stdout.splitlines():
+            if not l.startswith("{"):
+                continue
+            d = json.loads(l)
+            if "start" in d:
+                current = d["start"]
+                todo.remove(current)
+            else:
+                rows.append(d)
+        if res.returncode != 0:
+            bad.append((current, None, res.stderr.strip().splitlines()[-1:]))
+            print(f"FAIL (timing) {current}: {res.stderr.strip().splitlines()[-1:]}", flush=True)
+            if current is None:
+                break
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "failed": bad}, f)

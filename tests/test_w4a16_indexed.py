@@ -126,7 +126,7 @@ def test_cuda_graph_decode_gate_up_and_down(gen):
     e, h, inter, t, top_k = 8, 256, 128, 4, 2
     w13 = INT4.quantize(torch.randn(e, 2 * inter, h, generator=gen) * 0.05)
     w2 = INT4.quantize(torch.randn(e, h, inter, generator=gen) * 0.05)
-    p13, p2 = pack_w4a16(w13).cuda(), pack_w4a16(w2).cuda()
+    p13, p2 = pack_w4a16(w13).to("cuda"), pack_w4a16(w2).to("cuda")
     hidden = torch.randn(t, h, generator=gen).to(torch.bfloat16).cuda()
     ids = random_topk_ids(t, top_k, e, generator=gen).cuda()
     block = w4a16_indexed_config(t * top_k, e, 2 * inter, h).block_m

@@ -12,9 +12,10 @@ The routing block size *is* the kernel's M tile, so the caller builds the routin
 Kernel: one program per (routing block, N tile). Blocks past the device-side padded count and
 ``-1`` (remote expert) blocks return at once; sentinel rows are masked, so no host readback and
 no out-of-bounds access. The K loop walks 256-wide tiles of the prepared layout
-(`lowbit.formats.w4a16`): one 16-byte-aligned load of 32 words per row gives 8 groups; group
-``i`` is ``(words >> 4i) & 15``, dequantized with one scale per row and fed to the tensor
-cores as a 32-deep dot. ``SWAP_AB`` puts the dequantized weight on the MMA's M side
+(`lowbit.formats.w4a16`): one load of 32 words per row gives 8 groups; a shift by ``4i`` exposes
+groups ``i`` and ``i + 4``, dequantized two at a time by `int4_dequant.dequant_pair` (inline
+PTX, ~2 instructions an element) with one scale per row, and fed to the tensor cores as
+32-deep dots. ``SWAP_AB`` puts the dequantized weight on the MMA's M side
 (``acc^T[BN, BM] += W[BN, 32] @ A^T``), for decode where BLOCK_M is tiny.
 """
 
@@ -30,6 +31,7 @@ import triton.language as tl
 
 from ..formats.w4a16 import PACK_K, W4A16Weight
 from . import numerics
+from .int4_dequant import dequant_pair
 
 __all__ = ["W4A16IndexedConfig", "w4a16_indexed", "w4a16_indexed_config", "explain_w4a16_indexed_config"]
 
@@ -64,16 +66,21 @@ def _w4a16_indexed_kernel(
         acc = tl.zeros([BM, BN], tl.float32)
     for kt in range(0, tl.cdiv(K, 256)):
         words = tl.load(qw_rows + kt * 32, mask=n_ok[:, None], other=0)
-        for i in tl.static_range(8):
-            k0 = kt * 256 + i * 32
-            s = tl.load(s_rows + (kt * 8 + i) * stride_sk, mask=n_ok, other=0.0)
-            q = (words >> (4 * i)) & 0xF
-            w = numerics.to_bf16((q - 8).to(tl.float32) * s.to(tl.float32)[:, None])
-            a = tl.load(a_rows + k0, mask=valid[:, None] & ((k0 + j)[None, :] < K), other=0.0)
+        for i in tl.static_range(4):
+            # one shift serves two groups: i (low half-word) and i + 4 (high half-word)
+            s_lo = tl.load(s_rows + (kt * 8 + i) * stride_sk, mask=n_ok, other=0.0)
+            s_hi = tl.load(s_rows + (kt * 8 + i + 4) * stride_sk, mask=n_ok, other=0.0)
+            w_lo, w_hi = dequant_pair(words >> (4 * i), s_lo[:, None], s_hi[:, None])
+            k_lo = kt * 256 + i * 32
+            k_hi = k_lo + 128
+            a_lo = tl.load(a_rows + k_lo, mask=valid[:, None] & ((k_lo + j)[None, :] < K), other=0.0)
+            a_hi = tl.load(a_rows + k_hi, mask=valid[:, None] & ((k_hi + j)[None, :] < K), other=0.0)
             if SWAP_AB:
-                acc = numerics.dot(w, tl.trans(a), acc)
+                acc = numerics.dot(w_lo, tl.trans(a_lo), acc)
+                acc = numerics.dot(w_hi, tl.trans(a_hi), acc)
             else:
-                acc = numerics.dot(a, tl.trans(w), acc)
+                acc = numerics.dot(a_lo, tl.trans(w_lo), acc)
+                acc = numerics.dot(a_hi, tl.trans(w_hi), acc)
     if SWAP_AB:
         acc = tl.trans(acc)
     if MUL_WEIGHT:
@@ -95,15 +102,20 @@ class W4A16IndexedConfig:
     reason: str = ""
 
 
-#: The M tile by tokens per expert (tok_e = routed rows / experts), first row that fits.
-#: Provenance: initial values from the design (tensor-core minimum M=16 for decode; 64-row
-#: wgmma tiles once experts see tens of rows); to be replaced by H200 measurements (issue 3).
+#: The M tile by tokens per expert (tok_e = routed rows / experts): the first row that fits.
+#: Every row puts the dequantized weight on the MMA's M side (SWAP_AB): the words are staged
+#: in shared memory by cp.async and read straight into the wgmma A-operand register layout,
+#: dequantized there, so the weight never goes back through shared memory; the activations are
+#: the B operand (N = block_m, 16..128 is a legal wgmma N).
+#: Provenance: H200, 2026-11-29, scripts/w4a16_sweep.py (previous dequant): EP8 decode
+#: 20 tok gate_up 16x256 swap 504 us vs 535 us non-swap; 2048 rows: 64x256 1009 us.
+#: Re-measured with the PTX dequant in the run recorded in docs/performance.md.
 _M_TILES = (
     # (max tok_e, block_m, block_n, num_warps, num_stages, swap_ab, why)
-    (16, 16, 64, 4, 4, True, "decode: few rows per expert; weight on the MMA M side, narrow N tiles for many programs"),
-    (48, 32, 64, 4, 4, False, "small batches: 32-row tiles waste little padding"),
-    (96, 64, 128, 4, 3, False, "mid: 64-row wgmma tiles"),
-    (float("inf"), 128, 128, 8, 3, False, "prefill: large tiles, weights re-read least"),
+    (16, 16, 256, 4, 3, True, "decode: a few rows per expert; wide weight tiles stream the expert once"),
+    (48, 32, 256, 4, 3, True, "small batches: 32-row tiles waste little padding"),
+    (96, 64, 256, 8, 3, True, "mid: 64 rows per tile"),
+    (float("inf"), 128, 128, 8, 2, True, "prefill: 128-row tiles re-read the weight least; 2 stages fit 227 KB"),
 )
 
 #: Environment overrides (each is part of the memo key).
@@ -228,5 +240,6 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"w4a16_indexed[BM={bm},BN={bn},swap={int(swap)},mulw={int(mul)}]", _w4a16_indexed_kernel, sig,
                 {"BM": bm, "BN": bn, "SWAP_AB": swap, "MUL_WEIGHT": mul}, num_warps=warps, num_stages=stages,
-                expect_sass=("HGMMA",) if (bn if swap else bm) >= 64 else ("HMMA",)))
+                expect_sass=("HGMMA",) if (bn if swap else bm) >= 64 else ("HMMA",),
+                unaligned=("num_routes", "top_k")))
     return cfgs
