@@ -276,7 +276,12 @@ def test_cli_bench_list():
 
 
 def test_cli_bench_without_gpu_runs_the_checks():
-    # CUDA hidden: the plain `bench` takes the no-GPU path on any machine
+    # CUDA hidden: the plain `bench` takes the no-GPU path on any machine whose numpy the
+    # interpreter accepts (the H200 image ships numpy 2.5: there the path is tested by CI)
+    from lowbit.cli import interpreter_numpy_problem
+
+    if interpreter_numpy_problem():
+        pytest.skip(interpreter_numpy_problem())
     r = _cli("bench", env_extra={"CUDA_VISIBLE_DEVICES": ""}, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Timing needs a CUDA GPU" in r.stdout

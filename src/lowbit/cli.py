@@ -87,9 +87,25 @@ def _cmd_list() -> int:
     return 0
 
 
+def interpreter_numpy_problem() -> str | None:
+    """Why the Triton interpreter cannot run here (numpy missing or >= 2.4, whose array
+    semantics break the interpreter's loops over runtime bounds), else None."""
+    try:
+        import numpy  # noqa: PLC0415
+    except ImportError:
+        return "numpy is not installed; the Triton interpreter needs numpy<2.4"
+    major, minor = (int(x) for x in numpy.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):
+        return f"numpy {numpy.__version__} breaks the Triton interpreter; install 'numpy<2.4'"
+    return None
+
+
 def _cmd_cpu_checks(args: argparse.Namespace, reason: str) -> int:
     from .bench.driver import format_checks, run_cpu_checks  # noqa: PLC0415
 
+    problem = interpreter_numpy_problem()
+    if problem:
+        print(f"warning: {problem}: interpreted kernel checks will fail", file=sys.stderr)
     results = run_cpu_checks(_split(args.checks) or None)
     print(format_checks(results))
     failed = [r for r in results if r["status"] == "FAIL"]

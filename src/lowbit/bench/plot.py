@@ -39,7 +39,7 @@ def plot_results(rows: list[dict[str, Any]], path: str | Path, title: str = "") 
              if any(r["case"] == c and r["projection"] == p for r in timed)]
     by_part = {(r["case"], r["projection"], r["provider"]): r for r in timed if r["projection"] != "sum"}
 
-    height = max(4.0, 0.45 * max(len(cases), len(parts)) * max(1, len(providers)) / 2 + 1.5)
+    height = max(4.0, 0.16 * max(len(cases), len(parts)) * max(1, len(providers)) + 1.5)
     fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(15, height))
     bar_h = 0.8 / max(1, len(providers))
 
