@@ -114,6 +114,9 @@ def test_bad_input(gen, device):
         w4a16_indexed(a, pw, *args, config=w4a16_indexed_config(8, 3, 32, 256, block_m=64))
     with pytest.raises(FormatError, match="masked"):
         w4a16_indexed(a, pack_w4a16(wq, profile="masked").to(device), *args)
+    r8 = routing.moe_align_block_size(ids, 8, 3)  # a block size no validated config has
+    with pytest.raises(ValueError, match="block_m=8"):
+        w4a16_indexed(a, pw, r8.sorted_token_ids, r8.expert_ids, r8.num_tokens_post_padded, 2)
     with pytest.raises(FormatError, match="group"):
         pack_w4a16(wq.codes, torch.ones(3, 32, 4, dtype=torch.bfloat16))  # group 64 scales
     with pytest.raises(FormatError, match="uint8"):
@@ -149,3 +152,19 @@ def test_cuda_graph_decode_gate_up_and_down(gen):
         got = routing.combine_routes(y, torch.arange(t * top_k, dtype=torch.int32, device="cuda"), ones)
         want = reference.moe_experts_ref(hidden.cpu(), ids.cpu(), ones.cpu(), w13, w2, round_intermediate=True)
         assert_close(got.cpu(), want, "bf16_chain", "graph replay")
+
+
+def test_heuristics_memo_env_overrides_and_show_config(monkeypatch):
+    import subprocess
+    import sys
+
+    base = w4a16_indexed_config(160, 48, 4096, 7168)
+    assert base.block_m == 16 and base is w4a16_indexed_config(160, 48, 4096, 7168), "memoized"
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "128")
+    over = w4a16_indexed_config(160, 48, 4096, 7168)
+    assert over.block_n == 128 and "LOWBIT_W4A16_BLOCK_N=128" in over.reason, "override is part of the key"
+    monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
+    assert w4a16_indexed_config(160, 48, 4096, 7168) is base
+    assert w4a16_indexed_config(2048, 48, 4096, 7168).block_m == 64  # prefill tile
+    res = subprocess.run([sys.executable, "-m", "lowbit", "show-config"], capture_output=True, text=True)
+    assert res.returncode == 0 and "EP8 20 tok gate_up" in res.stdout and "block_m=16" in res.stdout

@@ -5,7 +5,7 @@ Subcommands:
   torch; refchecked, L2-cold timing; results.json + PNG + a table). Without a GPU it runs the
   small-shape correctness checks through the Triton interpreter instead.
 - ``env``: versions, GPU, CUDA availability.
-- ``show-config``: the kernel configuration lowbit would pick (stub until kernels register).
+- ``show-config``: the kernel configuration lowbit picks per shape, and why.
 
 Nothing here touches CUDA at import; ``bench`` decides CPU vs GPU when it runs.
 """
@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="versions, GPU and CUDA availability")
     e.add_argument("--json", action="store_true", help="print JSON")
 
-    sub.add_parser("show-config", help="kernel configurations lowbit picks per shape")
+    sc = sub.add_parser("show-config", help="kernel configurations lowbit picks per shape, and why")
+    sc.add_argument("--routes", type=int, help="routed rows M*top_k (with --experts --n --k: one shape)")
+    sc.add_argument("--experts", type=int, help="experts of the weight")
+    sc.add_argument("--n", type=int, help="output features N")
+    sc.add_argument("--k", type=int, help="input features K")
     return parser
 
 
@@ -172,8 +176,31 @@ def _cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_show_config(_args: argparse.Namespace) -> int:
-    print("no kernels registered yet")
+#: (label, routed rows, experts, N, K): the Kimi K2.x projections of the bench registry
+_SHOW_CONFIG_SHAPES = [
+    *[(f"EP8 {t} tok gate_up", 8 * t, 48, 4096, 7168) for t in (1, 4, 8, 16, 20, 32, 50, 256, 1024)],
+    *[(f"EP8 {t} tok down", 8 * t, 48, 7168, 2048) for t in (1, 4, 8, 16, 20, 32, 50, 256, 1024)],
+    *[(f"TP8 {t} tok gate_up", 8 * t, 384, 512, 7168) for t in (1024, 8192)],
+    *[(f"TP8 {t} tok down", 8 * t, 384, 7168, 256) for t in (1024, 8192)],
+]
+
+
+def _cmd_show_config(args: argparse.Namespace) -> int:
+    """Print the W4A16 indexed configuration per shape with its reason (memoized heuristics,
+    LOWBIT_W4A16_* overrides applied). Importing the kernel module compiles nothing."""
+    from lowbit.kernels.w4a16_indexed import ENV_OVERRIDES, explain_w4a16_indexed_config
+
+    one = [args.routes, args.experts, args.n, args.k]
+    if any(v is not None for v in one):
+        if any(v is None for v in one):
+            print("show-config: give all of --routes --experts --n --k", file=sys.stderr)
+            return 2
+        print(explain_w4a16_indexed_config(args.routes, args.experts, args.n, args.k))
+        return 0
+    active = {k: v for k, v in os.environ.items() if k in ENV_OVERRIDES}
+    print(f"w4a16_indexed (overrides: {active or 'none'}; knobs: {', '.join(ENV_OVERRIDES)})")
+    for label, routes, experts, n, k in _SHOW_CONFIG_SHAPES:
+        print(f"  {label:22s} {explain_w4a16_indexed_config(routes, experts, n, k)}")
     return 0
 
 

@@ -106,16 +106,20 @@ class W4A16IndexedConfig:
 #: Every row puts the dequantized weight on the MMA's M side (SWAP_AB): the words are staged
 #: in shared memory by cp.async and read straight into the wgmma A-operand register layout,
 #: dequantized there, so the weight never goes back through shared memory; the activations are
-#: the B operand (N = block_m, 16..128 is a legal wgmma N).
-#: Provenance: H200, 2026-11-29, scripts/w4a16_sweep.py (previous dequant): EP8 decode
-#: 20 tok gate_up 16x256 swap 504 us vs 535 us non-swap; 2048 rows: 64x256 1009 us.
-#: Re-measured with the PTX dequant in the run recorded in docs/performance.md.
+#: the B operand (N = block_m, a legal wgmma N from 16 up).
+#: Provenance: H200, 2026-11-29, scripts/w4a16_sweep.py at a075672 (36 configs, median us,
+#: L2 flushed; gate_up / down):
+#:   EP8 20 tok (tok_e 3.3):    16x256 w4: 363 / 190   32x128 w8: 399 / 222   64x64 w4: 617 / 386
+#:   TP8 8192 rows (tok_e 21):  32x128 w8: 455 / 394   16x256 w4: 653 / 526   64x64 w4: 694 / 695
+#:   EP8 2048 rows (tok_e 43):  64x64 w4:  705 / 420   64x128 w8: 766 / 410   32x128 w8: 809 / 432
+#: 128-row tiles were all slower (>= 1010 us on EP8 2048 gate_up) or out of shared memory.
+#: Configs that failed the sweep's GPU correctness check (misaligned-address faults from
+#: Triton 3.6 at some tile shapes, e.g. 64x256 w8 and 32x128 w4) must never enter this table.
 _M_TILES = (
     # (max tok_e, block_m, block_n, num_warps, num_stages, swap_ab, why)
-    (16, 16, 256, 4, 3, True, "decode: a few rows per expert; wide weight tiles stream the expert once"),
-    (48, 32, 256, 4, 3, True, "small batches: 32-row tiles waste little padding"),
-    (96, 64, 256, 8, 3, True, "mid: 64 rows per tile"),
-    (float("inf"), 128, 128, 8, 2, True, "prefill: 128-row tiles re-read the weight least; 2 stages fit 227 KB"),
+    (16, 16, 256, 4, 3, True, "decode: a few rows per expert; 256-row weight tiles, fastest at 3-16 tok_e"),
+    (32, 32, 128, 8, 3, True, "small batches: 32-row tiles, fastest at TP8 tok_e 21"),
+    (float("inf"), 64, 64, 4, 3, True, "prefill: 64-row tiles, fastest at EP8 tok_e 43; 128-row tiles measured slower"),
 )
 
 #: Environment overrides (each is part of the memo key).
@@ -135,10 +139,16 @@ def _env_key() -> tuple:
 @lru_cache(maxsize=4096)
 def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None, env: tuple) -> W4A16IndexedConfig:
     tok_e = num_routes / max(num_experts, 1)
-    rows = [r for r in _M_TILES if block_m is None or r[1] == block_m] or [
-        (0, block_m, 64, 4, 3, block_m < 64, "block_m fixed by the routing")
-    ]
-    row = next(r for r in rows if tok_e <= r[0]) if block_m is None else rows[0]
+    if block_m is None:
+        row = next(r for r in _M_TILES if tok_e <= r[0])
+    else:
+        rows = [r for r in _M_TILES if r[1] == block_m]
+        if not rows:  # only GPU-validated tiles are ever launched
+            raise ValueError(
+                f"no W4A16 indexed configuration with block_m={block_m}; build the routing with "
+                f"one of {sorted({r[1] for r in _M_TILES})} (w4a16_indexed_config(...).block_m)"
+            )
+        row = rows[0]
     _, bm, bn, warps, stages, swap, why = row
     profile = "TP" if n * k < 4096 * 7168 // 2 and num_experts > 64 else "EP"
     cfg = W4A16IndexedConfig(bm, bn, warps, stages, swap, f"tok_e={tok_e:.1f} ({profile}): {why}")
