@@ -17,7 +17,7 @@ import torch
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.fp4 import dequantize_mxfp4, dequantize_nvfp4, pack_fp4, quantize_e2m1, quantize_mxfp4, unpack_fp4
 from lowbit.formats.fp8 import dequantize_fp8_groups, e8m0_decode, quantize_fp8_groups
-from lowbit.reference.quant import act_quant, fp4_quant
+from lowbit.reference.quant import act_quant_ref as act_quant, fp4_quant_ref as fp4_quant
 from lowbit.testing import assert_bitwise_equal, fresh_seed, make_generator
 
 FP32_INV_448 = torch.tensor(1 / 448, dtype=torch.float32)

@@ -15,3 +15,7 @@ from .moe import (  # noqa: F401
     w4a16_masked_ref,
 )
 from .routing import build_contiguous_ref, build_masked_ref, moe_align_block_size_ref  # noqa: F401
+from .quant import act_quant_ref, fp4_quant_ref  # noqa: F401
+from .gemm import fp4_gemm_ref, fp8_gemm_ref  # noqa: F401
+from .attention import sparse_attn_ref  # noqa: F401
+from .sinkhorn import hc_split_sinkhorn_ref  # noqa: F401

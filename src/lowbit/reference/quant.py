@@ -22,7 +22,7 @@ from ..formats.fp4 import (
 )
 from ..formats.fp8 import FP8_SCALE_FMTS, check_float_input, dequantize_fp8_groups, quantize_fp8_groups
 
-__all__ = ["act_quant", "fp4_quant", "FP4_SCALE_FMTS"]
+__all__ = ["act_quant_ref", "fp4_quant_ref", "FP4_SCALE_FMTS"]
 
 #: fp4_quant's scale formats and the one block size each is defined for
 FP4_SCALE_FMTS = {"ue8m0": MXFP4_GROUP, "e4m3": NVFP4_GROUP}
@@ -35,7 +35,7 @@ def _check_whole_blocks(x: torch.Tensor, block_size: int, who: str) -> None:
         )
 
 
-def act_quant(
+def act_quant_ref(
     x: torch.Tensor,
     block_size: int = 128,
     scale_fmt: str | None = None,
@@ -66,7 +66,7 @@ def act_quant(
     return x
 
 
-def fp4_quant(
+def fp4_quant_ref(
     x: torch.Tensor,
     block_size: int | None = None,
     scale_fmt: str = "ue8m0",
