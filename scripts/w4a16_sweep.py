@@ -38,7 +38,7 @@ def candidates():
 
 
 def _cfg(cfg_s):
-    from lowbit.kernels.w4a16_indexed import W4A16IndexedConfig
+    from lowbit.kernels.w4a16_core import W4A16Config as W4A16IndexedConfig
 
     bm, bn, warps, stages, swap = (int(x) for x in cfg_s.split(","))
     return W4A16IndexedConfig(bm, bn, warps, stages, bool(swap))

@@ -6,13 +6,14 @@ import torch
 from lowbit import reference, routing
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
-from lowbit.kernels.w4a16_indexed import _M_TILES, w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16_core import VALIDATED_TILES
+from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
 from lowbit.testing import assert_bitwise_equal, assert_close, poison_, random_topk_ids, random_topk_weights
 
 from conftest import ON_GPU
 
 INT4 = get_format("int4_g32")
-BLOCKS = sorted({row[1] for row in _M_TILES})  # every M tile the heuristics can pick
+BLOCKS = sorted(VALIDATED_TILES)  # every M tile the heuristics can pick
 
 
 def _problem(e, n, k, t, top_k, gen, device, hot=None):

@@ -11,29 +11,35 @@ The routing block size *is* the kernel's M tile, so the caller builds the routin
 
 Kernel: one program per (routing block, N tile). Blocks past the device-side padded count and
 ``-1`` (remote expert) blocks return at once; sentinel rows are masked, so no host readback and
-no out-of-bounds access. The K loop walks 256-wide tiles of the prepared layout
-(`lowbit.formats.w4a16`): one load of 32 words per row gives 8 groups; a shift by ``4i`` exposes
-groups ``i`` and ``i + 4``, dequantized two at a time by `int4_dequant.dequant_pair` (inline
-PTX, ~2 instructions an element) with one scale per row, and fed to the tensor cores as
-32-deep dots. ``SWAP_AB`` puts the dequantized weight on the MMA's M side
-(``acc^T[BN, BM] += W[BN, 32] @ A^T``), for decode where BLOCK_M is tiny.
+no out-of-bounds access. The main loop is `w4a16_core.w4a16_tile` (shared with the grouped
+family): INT4 dequant in inline PTX (~2 instructions an element), the dequantized weight on
+the MMA's M side.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from ..formats.w4a16 import PACK_K, W4A16Weight
+from ..formats.w4a16 import W4A16Weight
 from . import numerics
-from .int4_dequant import dequant_pair
+from .w4a16_core import (
+    VALIDATED_TILES,
+    W4A16Config,
+    apply_env_overrides,
+    compile_configs_for,
+    env_key,
+    override_names,
+    tile_config,
+    w4a16_tile,
+)
 
 __all__ = ["W4A16IndexedConfig", "w4a16_indexed", "w4a16_indexed_config", "explain_w4a16_indexed_config"]
+
+W4A16IndexedConfig = W4A16Config  # block_m is also the routing block size
 
 
 @triton.jit
@@ -56,33 +62,8 @@ def _w4a16_indexed_kernel(
     a_row = tl.where(valid, ids // top_k, 0).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
-    j = tl.arange(0, 32)
-    qw_rows = qw_ptr + e * stride_qe + rn[:, None].to(tl.int64) * stride_qn + j[None, :]
-    s_rows = s_ptr + e * stride_se + rn
-    a_rows = a_ptr + a_row[:, None] * stride_am + j[None, :]
-    if SWAP_AB:
-        acc = tl.zeros([BN, BM], tl.float32)
-    else:
-        acc = tl.zeros([BM, BN], tl.float32)
-    for kt in range(0, tl.cdiv(K, 256)):
-        words = tl.load(qw_rows + kt * 32, mask=n_ok[:, None], other=0)
-        for i in tl.static_range(4):
-            # one shift serves two groups: i (low half-word) and i + 4 (high half-word)
-            s_lo = tl.load(s_rows + (kt * 8 + i) * stride_sk, mask=n_ok, other=0.0)
-            s_hi = tl.load(s_rows + (kt * 8 + i + 4) * stride_sk, mask=n_ok, other=0.0)
-            w_lo, w_hi = dequant_pair(words >> (4 * i), s_lo[:, None], s_hi[:, None])
-            k_lo = kt * 256 + i * 32
-            k_hi = k_lo + 128
-            a_lo = tl.load(a_rows + k_lo, mask=valid[:, None] & ((k_lo + j)[None, :] < K), other=0.0)
-            a_hi = tl.load(a_rows + k_hi, mask=valid[:, None] & ((k_hi + j)[None, :] < K), other=0.0)
-            if SWAP_AB:
-                acc = numerics.dot(w_lo, tl.trans(a_lo), acc)
-                acc = numerics.dot(w_hi, tl.trans(a_hi), acc)
-            else:
-                acc = numerics.dot(a_lo, tl.trans(w_lo), acc)
-                acc = numerics.dot(a_hi, tl.trans(w_hi), acc)
-    if SWAP_AB:
-        acc = tl.trans(acc)
+    acc = w4a16_tile(a_ptr, a_row, valid, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                     stride_qe, stride_qn, stride_se, stride_sk, K, BM, BN, SWAP_AB)
     if MUL_WEIGHT:
         acc = acc * tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
     c = c_ptr + ids[:, None].to(tl.int64) * stride_cm + rn[None, :]
@@ -90,82 +71,42 @@ def _w4a16_indexed_kernel(
 
 
 # --------------------------------------------------------------------------- heuristics
-@dataclass(frozen=True)
-class W4A16IndexedConfig:
-    """Launch choice. block_m is also the routing block size."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    swap_ab: bool
-    reason: str = ""
-
-
 #: The M tile by tokens per expert (tok_e = routed rows / experts): the first row that fits.
-#: Every row puts the dequantized weight on the MMA's M side (SWAP_AB): the words are staged
-#: in shared memory by cp.async and read straight into the wgmma A-operand register layout,
-#: dequantized there, so the weight never goes back through shared memory; the activations are
-#: the B operand (N = block_m, a legal wgmma N from 16 up).
-#: Provenance: H200, 2026-11-29, scripts/w4a16_sweep.py at a075672 (36 configs, median us,
-#: L2 flushed; gate_up / down):
-#:   EP8 20 tok (tok_e 3.3):    16x256 w4: 363 / 190   32x128 w8: 399 / 222   64x64 w4: 617 / 386
-#:   TP8 8192 rows (tok_e 21):  32x128 w8: 455 / 394   16x256 w4: 653 / 526   64x64 w4: 694 / 695
-#:   EP8 2048 rows (tok_e 43):  64x64 w4:  705 / 420   64x128 w8: 766 / 410   32x128 w8: 809 / 432
-#: 128-row tiles were all slower (>= 1010 us on EP8 2048 gate_up) or out of shared memory.
-#: Configs that failed the sweep's GPU correctness check (misaligned-address faults from
-#: Triton 3.6 at some tile shapes, e.g. 64x256 w8 and 32x128 w4) must never enter this table.
+#: Tiles and their measurements: `w4a16_core.VALIDATED_TILES`.
 _M_TILES = (
-    # (max tok_e, block_m, block_n, num_warps, num_stages, swap_ab, why)
-    (16, 16, 256, 4, 3, True, "decode: a few rows per expert; 256-row weight tiles, fastest at 3-16 tok_e"),
-    (32, 32, 128, 8, 3, True, "small batches: 32-row tiles, fastest at TP8 tok_e 21"),
-    (float("inf"), 64, 64, 4, 3, True, "prefill: 64-row tiles, fastest at EP8 tok_e 43; 128-row tiles measured slower"),
+    # (max tok_e, block_m, why)
+    (16, 16, "decode: a few rows per expert; 256-row weight tiles, fastest at 3-16 tok_e"),
+    (32, 32, "small batches: 32-row tiles, fastest at TP8 tok_e 21"),
+    (float("inf"), 64, "prefill: 64-row tiles, fastest at EP8 tok_e 43; 128-row tiles measured slower"),
 )
 
 #: Environment overrides (each is part of the memo key).
-ENV_OVERRIDES = {
-    "LOWBIT_W4A16_BLOCK_M": "block_m",
-    "LOWBIT_W4A16_BLOCK_N": "block_n",
-    "LOWBIT_W4A16_NUM_WARPS": "num_warps",
-    "LOWBIT_W4A16_NUM_STAGES": "num_stages",
-    "LOWBIT_W4A16_SWAP_AB": "swap_ab",
-}
-
-
-def _env_key() -> tuple:
-    return tuple(os.environ.get(k, "") for k in ENV_OVERRIDES)
+ENV_OVERRIDES = override_names("W4A16")
 
 
 @lru_cache(maxsize=4096)
-def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None, env: tuple) -> W4A16IndexedConfig:
+def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None, env: tuple) -> W4A16Config:
     tok_e = num_routes / max(num_experts, 1)
+    profile = "TP" if num_experts > 64 and n * k < 4096 * 7168 // 2 else "EP"
     if block_m is None:
-        row = next(r for r in _M_TILES if tok_e <= r[0])
+        _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
     else:
-        rows = [r for r in _M_TILES if r[1] == block_m]
-        if not rows:  # only GPU-validated tiles are ever launched
+        why = "block_m fixed by the routing"
+        if block_m not in VALIDATED_TILES:  # only GPU-validated tiles are ever launched
             raise ValueError(
                 f"no W4A16 indexed configuration with block_m={block_m}; build the routing with "
-                f"one of {sorted({r[1] for r in _M_TILES})} (w4a16_indexed_config(...).block_m)"
+                f"one of {sorted(VALIDATED_TILES)} (w4a16_indexed_config(...).block_m)"
             )
-        row = rows[0]
-    _, bm, bn, warps, stages, swap, why = row
-    profile = "TP" if n * k < 4096 * 7168 // 2 and num_experts > 64 else "EP"
-    cfg = W4A16IndexedConfig(bm, bn, warps, stages, swap, f"tok_e={tok_e:.1f} ({profile}): {why}")
-    for var, field in ENV_OVERRIDES.items():
-        v = os.environ.get(var)
-        if v:
-            val = v.lower() in ("1", "true", "yes") if field == "swap_ab" else int(v)
-            cfg = replace(cfg, **{field: val}, reason=cfg.reason + f"; {var}={v}")
-    return cfg
+    cfg = tile_config(block_m, f"tok_e={tok_e:.1f} ({profile}): {why}")
+    return apply_env_overrides(cfg, "W4A16")
 
 
-def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None) -> W4A16IndexedConfig:
+def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None) -> W4A16Config:
     """The launch configuration for ``num_routes = M * top_k`` routed rows over `num_experts`
     experts of ``[n, k]`` weights. Memoized per shape descriptor and environment overrides
     (``LOWBIT_W4A16_BLOCK_M``, ``_BLOCK_N``, ``_NUM_WARPS``, ``_NUM_STAGES``, ``_SWAP_AB``).
     `block_m` pins the M tile (the routing was already built with that block size)."""
-    return _config_cached(num_routes, num_experts, n, k, block_m, _env_key())
+    return _config_cached(num_routes, num_experts, n, k, block_m, env_key("W4A16"))
 
 
 def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int) -> str:
@@ -185,7 +126,7 @@ def w4a16_indexed(
     *,
     topk_weights: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    config: W4A16IndexedConfig | None = None,
+    config: W4A16Config | None = None,
 ) -> torch.Tensor:
     """W4A16 MoE GEMM on the indexed (vLLM ``moe_align_block_size``) layout.
 
@@ -236,20 +177,11 @@ def w4a16_indexed(
 
 
 def compile_configs():
-    """Every configuration the heuristic table can pick, for the compile tier."""
-    from .compile_tier import KernelConfig
-
+    """Every configuration the heuristics can pick, for the compile tier."""
     sig = {"a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
            "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32",
            "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
            "stride_am": "i32", "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32",
            "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr", "MUL_WEIGHT": "constexpr"}
-    cfgs = []
-    for _, bm, bn, warps, stages, swap, _why in _M_TILES:
-        for mul in (False, True):
-            cfgs.append(KernelConfig(
-                f"w4a16_indexed[BM={bm},BN={bn},swap={int(swap)},mulw={int(mul)}]", _w4a16_indexed_kernel, sig,
-                {"BM": bm, "BN": bn, "SWAP_AB": swap, "MUL_WEIGHT": mul}, num_warps=warps, num_stages=stages,
-                expect_sass=("HGMMA",) if (bn if swap else bm) >= 64 else ("HMMA",),
-                unaligned=("num_routes", "top_k")))
-    return cfgs
+    return compile_configs_for(_w4a16_indexed_kernel, sig, "w4a16_indexed",
+                               [{"MUL_WEIGHT": False}, {"MUL_WEIGHT": True}], ("num_routes", "top_k"))

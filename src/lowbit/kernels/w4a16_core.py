@@ -1,0 +1,133 @@
+"""What the W4A16 kernel families share: the main loop over K, the launch configuration type,
+the GPU-validated tile table and the environment overrides.
+
+`w4a16_tile` computes one ``[BM, BN]`` output tile ``A[rows] @ dequant(W[e, cols])^T`` in FP32
+from the prepared layout (`lowbit.formats.w4a16`): per 256-wide K tile, one load of 32 words
+per weight row; a shift by ``4i`` exposes groups ``i`` and ``i + 4``, dequantized two at a time
+by `int4_dequant.dequant_pair` with one scale per row, then two 32-deep tensor-core dots.
+``SWAP_AB`` puts the dequantized weight on the MMA's M side (``acc^T[BN, BM] += W @ A^T``):
+the words go from shared memory straight into the wgmma A-operand registers, are dequantized
+there, and never return to shared memory; the activations are the B operand.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import triton
+import triton.language as tl
+
+from . import numerics
+from .int4_dequant import dequant_pair
+
+__all__ = ["W4A16Config", "w4a16_tile", "VALIDATED_TILES", "apply_env_overrides", "env_key", "override_names"]
+
+
+@triton.jit
+def w4a16_tile(a_ptr, a_row, row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+               stride_qe, stride_qn, stride_se, stride_sk, K,
+               BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr):
+    """FP32 ``[BM, BN]``: rows `a_row` (int64 ``[BM]``, masked by `row_ok`) of A (bf16, row
+    stride `stride_am`) times expert `e`'s dequantized weight rows `rn` (masked by `n_ok`)."""
+    j = tl.arange(0, 32)
+    qw_rows = qw_ptr + e * stride_qe + rn[:, None].to(tl.int64) * stride_qn + j[None, :]
+    s_rows = s_ptr + e * stride_se + rn
+    a_rows = a_ptr + a_row[:, None] * stride_am + j[None, :]
+    if SWAP_AB:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
+    for kt in range(0, tl.cdiv(K, 256)):
+        words = tl.load(qw_rows + kt * 32, mask=n_ok[:, None], other=0)
+        for i in tl.static_range(4):
+            # one shift serves two groups: i (low half-word) and i + 4 (high half-word)
+            s_lo = tl.load(s_rows + (kt * 8 + i) * stride_sk, mask=n_ok, other=0.0)
+            s_hi = tl.load(s_rows + (kt * 8 + i + 4) * stride_sk, mask=n_ok, other=0.0)
+            w_lo, w_hi = dequant_pair(words >> (4 * i), s_lo[:, None], s_hi[:, None])
+            k_lo = kt * 256 + i * 32
+            k_hi = k_lo + 128
+            a_lo = tl.load(a_rows + k_lo, mask=row_ok[:, None] & ((k_lo + j)[None, :] < K), other=0.0)
+            a_hi = tl.load(a_rows + k_hi, mask=row_ok[:, None] & ((k_hi + j)[None, :] < K), other=0.0)
+            if SWAP_AB:
+                acc = numerics.dot(w_lo, tl.trans(a_lo), acc)
+                acc = numerics.dot(w_hi, tl.trans(a_hi), acc)
+            else:
+                acc = numerics.dot(a_lo, tl.trans(w_lo), acc)
+                acc = numerics.dot(a_hi, tl.trans(w_hi), acc)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    return acc
+
+
+@dataclass(frozen=True)
+class W4A16Config:
+    """Launch choice of a W4A16 kernel: the M tile (for the indexed family also the routing
+    block size), the N tile, warps, pipeline stages, whether the weight is the MMA's M side."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    swap_ab: bool
+    reason: str = ""
+
+
+#: Tiles that passed the GPU correctness check of `scripts/w4a16_sweep.py` and are the fastest
+#: measured in their regime (H200, 2026-11-29, sweep at a075672, median us, L2 flushed;
+#: gate_up / down of the indexed kernel):
+#:   EP8 20 tok (tok_e 3.3):    16x256 w4: 363 / 190   32x128 w8: 399 / 222   64x64 w4: 617 / 386
+#:   TP8 8192 rows (tok_e 21):  32x128 w8: 455 / 394   16x256 w4: 653 / 526   64x64 w4: 694 / 695
+#:   EP8 2048 rows (tok_e 43):  64x64 w4:  705 / 420   64x128 w8: 766 / 410   32x128 w8: 809 / 432
+#: 128-row tiles were all slower (>= 1010 us on EP8 2048 gate_up) or out of shared memory.
+#: Triton 3.6 built kernels that fault (misaligned address) for some other tiles (64x256 w8,
+#: 32x128 w4): a tile enters this table only after passing the GPU check.
+#: block_m -> (block_n, num_warps, num_stages, swap_ab)
+VALIDATED_TILES: dict[int, tuple[int, int, int, bool]] = {
+    16: (256, 4, 3, True),
+    32: (128, 8, 3, True),
+    64: (64, 4, 3, True),
+}
+
+_OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab")
+
+
+def override_names(prefix: str) -> list[str]:
+    """``LOWBIT_<PREFIX>_BLOCK_M`` ... : the documented tuning overrides of a family."""
+    return [f"LOWBIT_{prefix}_{f.upper()}" for f in _OVERRIDE_FIELDS]
+
+
+def env_key(prefix: str) -> tuple:
+    """The overrides' current values (part of every memo key)."""
+    return tuple(os.environ.get(n, "") for n in override_names(prefix))
+
+
+def apply_env_overrides(cfg: W4A16Config, prefix: str) -> W4A16Config:
+    for name, field in zip(override_names(prefix), _OVERRIDE_FIELDS):
+        v = os.environ.get(name)
+        if v:
+            val = v.lower() in ("1", "true", "yes") if field == "swap_ab" else int(v)
+            cfg = replace(cfg, **{field: val}, reason=cfg.reason + f"; {name}={v}")
+    return cfg
+
+
+def tile_config(block_m: int, why: str) -> W4A16Config:
+    if block_m not in VALIDATED_TILES:
+        raise ValueError(f"no GPU-validated W4A16 tile with block_m={block_m}; one of {sorted(VALIDATED_TILES)}")
+    bn, warps, stages, swap = VALIDATED_TILES[block_m]
+    return W4A16Config(block_m, bn, warps, stages, swap, why)
+
+
+def compile_configs_for(fn, signature: dict, name: str, extra_constexprs: list[dict], unaligned: tuple[str, ...]):
+    """KernelConfigs of every validated tile x each extra-constexpr variant (compile tier)."""
+    from .compile_tier import KernelConfig
+
+    cfgs = []
+    for bm, (bn, warps, stages, swap) in VALIDATED_TILES.items():
+        for extra in extra_constexprs:
+            tag = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in extra.items())
+            cfgs.append(KernelConfig(
+                f"{name}[BM={bm},BN={bn},w={warps},swap={int(swap)}{',' + tag if tag else ''}]", fn, signature,
+                {"BM": bm, "BN": bn, "SWAP_AB": swap, **extra}, num_warps=warps, num_stages=stages,
+                expect_sass=("HGMMA",) if (bn if swap else bm) >= 64 else ("HMMA",), unaligned=unaligned))
+    return cfgs
