@@ -403,13 +403,19 @@ class LowbitProvider(Provider):
         return lambda: fn(a, w, sorted_ids, expert_ids, ntpp, top_k, out=out, config=cfg)
 
     def _grouped_call(self, problem: Problem, fn: Callable[..., torch.Tensor], w: Any) -> Callable[[], torch.Tensor]:
+        mod = self._module(problem.case.layout)
         a = problem.a
-        self._config = {}
-        if problem.case.layout == "contiguous":
+        mode = problem.case.layout
+        g, n, k = problem.num_experts, problem.proj.n, problem.proj.k
+        expected_m = problem.expected_m if mode == "masked" else 0
+        cfg = mod.w4a16_grouped_config(mode, a.shape[0] if a.dim() == 2 else a.shape[0] * a.shape[1], n, k, g, expected_m)
+        self._config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
+                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "reason": cfg.reason}
+        if mode == "contiguous":
             m_indices = problem.contiguous.m_indices
-            return lambda: fn(a, w, m_indices)
-        masked_m, expected_m = problem.masked.masked_m, problem.expected_m
-        return lambda: fn(a, w, masked_m, expected_m)
+            return lambda: fn(a, w, m_indices, config=cfg)
+        masked_m = problem.masked.masked_m
+        return lambda: fn(a, w, masked_m, expected_m, config=cfg)
 
     def config(self) -> dict[str, Any]:
         return dict(self._config)

@@ -25,7 +25,7 @@ import torch
 from .base import FormatError, QuantizedTensor
 from .int4 import INT4_GROUP, Int4G32, from_compressed_tensors
 
-__all__ = ["W4A16Weight", "pack_w4a16", "unpack_w4a16", "PACK_K", "LAYOUT_K256_GROUP_NIBBLES", "PROFILES"]
+__all__ = ["W4A16Weight", "pack_w4a16", "pack_w4a16_grouped", "unpack_w4a16", "PACK_K", "LAYOUT_K256_GROUP_NIBBLES", "PROFILES"]
 
 PACK_K = 256
 LAYOUT_K256_GROUP_NIBBLES = "k256-group-nibbles"
@@ -120,6 +120,20 @@ def pack_w4a16(
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     qweight = words.reshape(e, n, kp // 8).contiguous()
     return W4A16Weight(qweight, scales.transpose(1, 2).contiguous(), n, k, LAYOUT_K256_GROUP_NIBBLES, profile)
+
+
+def pack_w4a16_grouped(
+    weight: QuantizedTensor | torch.Tensor,
+    scale: torch.Tensor | None = None,
+    mode: str = "contiguous",
+) -> W4A16Weight:
+    """`pack_w4a16` for the grouped kernels: the same physical layout, recorded for `mode`
+    (``"contiguous"`` or ``"masked"``), so a weight packed for one mode fed to the other mode's
+    kernel raises. weight: codes ``uint8 [G, N, K]`` / compressed-tensors ``int32 [G, N, K/8]``
+    / a `QuantizedTensor`; scale ``bf16 [G, N, K/32]``."""
+    if mode not in ("contiguous", "masked"):
+        raise FormatError(f"pack_w4a16_grouped: mode must be 'contiguous' or 'masked', got {mode!r}")
+    return pack_w4a16(weight, scale, profile=mode)
 
 
 def unpack_w4a16(w: W4A16Weight) -> QuantizedTensor:

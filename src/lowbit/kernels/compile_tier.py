@@ -35,6 +35,7 @@ SMEM_LIMIT_SM90 = 232448
 KERNEL_MODULES = [
     "lowbit.kernels.moe_routing",
     "lowbit.kernels.w4a16_indexed",
+    "lowbit.kernels.w4a16_grouped",
 ]
 
 

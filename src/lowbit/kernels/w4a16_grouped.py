@@ -1,0 +1,258 @@
+"""W4A16 grouped MoE GEMMs (DeepGEMM-style layouts): contiguous (prefill) and masked (decode).
+
+    contiguous(a2, w, m_indices)            -> out [m, N]
+        out[r] = bf16(a2[r] @ dequant(W[m_indices[r]])^T)    for rows with m_indices[r] >= 0
+    masked(a3, w, masked_m, expected_m)     -> out [G * max_m, N]
+        out[g*max_m + i] = bf16(a3[g, i] @ dequant(W[g])^T)  for i < masked_m[g]
+
+References: `lowbit.reference.w4a16_contiguous_ref` / `w4a16_masked_ref`. Both share the main
+loop of the indexed family (`w4a16_core.w4a16_tile`). Contiguous: each expert's segment is
+padded to 128 rows and every M tile divides 128, so a tile belongs to one expert; a tile whose
+first row is padding (``-1``) is all padding and returns at once, and padding rows are never
+stored. Masked: programs past ``masked_m[g]`` return at once (no host readback: capturable in a
+CUDA graph); ``expected_m`` only picks the M tile.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats.w4a16 import W4A16Weight
+from ..routing.layouts import CONTIGUOUS_ALIGNMENT
+from . import numerics
+from .w4a16_core import (
+    VALIDATED_TILES,
+    W4A16Config,
+    apply_env_overrides,
+    compile_configs_for,
+    env_key,
+    override_names,
+    tile_config,
+    w4a16_tile,
+)
+
+__all__ = ["contiguous", "masked", "w4a16_grouped_config", "explain_w4a16_grouped_config", "ENV_OVERRIDES"]
+
+ENV_OVERRIDES = override_names("W4A16_GROUPED")
+
+
+@triton.jit
+def _w4a16_contiguous_kernel(
+    a_ptr, qw_ptr, s_ptr, c_ptr, m_indices_ptr,
+    M, N, K, stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
+    BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(m_indices_ptr + pid_m * BM).to(tl.int64)
+    if e < 0:  # segments start 128-aligned and BM divides 128: the whole tile is padding
+        return
+    rm = pid_m * BM + tl.arange(0, BM)
+    row_ok = tl.load(m_indices_ptr + rm, mask=rm < M, other=-1) >= 0
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    acc = w4a16_tile(a_ptr, rm.to(tl.int64), row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                     stride_qe, stride_qn, stride_se, stride_sk, K, BM, BN, SWAP_AB)
+    c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c, numerics.to_bf16(acc), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _w4a16_masked_kernel(
+    a_ptr, qw_ptr, s_ptr, c_ptr, masked_m_ptr,
+    max_m, N, K, stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
+    BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr,
+):
+    g = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    valid_m = tl.minimum(tl.load(masked_m_ptr + g), max_m)
+    if pid_m * BM >= valid_m:
+        return
+    r = pid_m * BM + tl.arange(0, BM)
+    row_ok = r < valid_m
+    rows = g.to(tl.int64) * max_m + r
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    acc = w4a16_tile(a_ptr, rows, row_ok, stride_am, qw_ptr, s_ptr, g.to(tl.int64), rn, n_ok,
+                     stride_qe, stride_qn, stride_se, stride_sk, K, BM, BN, SWAP_AB)
+    c = c_ptr + rows[:, None] * stride_cm + rn[None, :]
+    tl.store(c, numerics.to_bf16(acc), mask=row_ok[:, None] & n_ok[None, :])
+
+
+# --------------------------------------------------------------------------- heuristics
+def _tile_for_rows(rows: float) -> int:
+    """Smallest validated M tile holding `rows` rows, capped at the largest."""
+    fits = [bm for bm in sorted(VALIDATED_TILES) if bm >= rows]
+    return fits[0] if fits else max(VALIDATED_TILES)
+
+
+@lru_cache(maxsize=4096)
+def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, env: tuple) -> W4A16Config:
+    if mode == "contiguous":
+        # rows per expert >= 128 (segments are 128-aligned): the largest validated tile re-reads
+        # each expert's weights the fewest times; grids here are thousands of programs
+        bm = max(VALIDATED_TILES)
+        why = f"contiguous: {m} rows over {g} experts; largest validated M tile"
+    else:
+        # DeepGEMM's masked rule, measured for the indexed family: one M tile should hold the
+        # expected rows plus the 1.3x spread of real counts, so deep-K gate_up is read once
+        bm = _tile_for_rows(1.3 * expected_m)
+        why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
+    return apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED")
+
+
+def w4a16_grouped_config(mode: str, m: int, n: int, k: int, g: int, expected_m: int = 0) -> W4A16Config:
+    """Launch configuration of the grouped kernels, memoized per (mode, M, N, K, G, expected_m)
+    and the ``LOWBIT_W4A16_GROUPED_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES,
+    SWAP_AB). Contiguous tiles must divide 128."""
+    if mode not in ("contiguous", "masked"):
+        raise ValueError(f"mode must be 'contiguous' or 'masked', got {mode!r}")
+    return _config_cached(mode, m, n, k, g, expected_m, env_key("W4A16_GROUPED"))
+
+
+def explain_w4a16_grouped_config(mode: str, m: int, n: int, k: int, g: int, expected_m: int = 0) -> str:
+    c = w4a16_grouped_config(mode, m, n, k, g, expected_m)
+    return (f"w4a16_grouped {mode} M={m} N={n} K={k} G={g}" + (f" expected_m={expected_m}" if mode == "masked" else "")
+            + f": block_m={c.block_m} block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} "
+              f"swap_ab={c.swap_ab} -- {c.reason}")
+
+
+# --------------------------------------------------------------------------- launchers
+def _check_common(a: torch.Tensor, w: W4A16Weight, mode: str, name: str) -> None:
+    if not isinstance(w, W4A16Weight):
+        raise TypeError(f"w must be a W4A16Weight from pack_w4a16_grouped, got {type(w).__name__}")
+    w.check(mode)
+    if a.dtype != torch.bfloat16:
+        raise TypeError(f"{name} must be bf16, got {a.dtype}")
+    if a.shape[-1] != w.k:
+        raise ValueError(f"{name} has K={a.shape[-1]}, the weight has K={w.k}")
+    if a.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous along K")
+    if a.device != w.qweight.device:
+        raise ValueError(f"{name} is on {a.device}, the weight on {w.qweight.device}")
+
+
+def _check_out(out: torch.Tensor | None, rows: int, n: int, device) -> torch.Tensor:
+    if out is None:
+        return torch.empty(rows, n, dtype=torch.bfloat16, device=device)
+    if out.dtype != torch.bfloat16 or tuple(out.shape) != (rows, n) or out.stride(1) != 1:
+        raise ValueError(f"out must be bf16 [{rows}, {n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+def contiguous(
+    a2: torch.Tensor,
+    w: W4A16Weight,
+    m_indices: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: W4A16Config | None = None,
+) -> torch.Tensor:
+    """Grouped-contiguous W4A16 GEMM.
+
+    a2: ``bf16 [m, K]``, rows concatenated per expert, each segment padded to 128 rows
+    (`lowbit.routing.build_contiguous` + `gather_rows` build it); w: `W4A16Weight` packed with
+    ``pack_w4a16_grouped(..., mode="contiguous")`` (``[G, N, K]``); m_indices: ``int32 [m]``,
+    the expert of each row, ``-1`` on padding rows. Returns ``bf16 [m, N]``; padding rows are
+    not written (their content is unspecified)."""
+    _check_common(a2, w, "contiguous", "a2")
+    if a2.dim() != 2:
+        raise ValueError(f"a2 must be [m, K], got {tuple(a2.shape)}")
+    m = a2.shape[0]
+    if m_indices.dtype != torch.int32 or m_indices.shape != (m,):
+        raise TypeError(f"m_indices must be int32 [{m}], got {m_indices.dtype} {tuple(m_indices.shape)}")
+    if m_indices.device != a2.device:
+        raise ValueError(f"m_indices is on {m_indices.device}, a2 on {a2.device}")
+    if m % CONTIGUOUS_ALIGNMENT:
+        raise ValueError(f"m={m} is not a multiple of {CONTIGUOUS_ALIGNMENT}: pad every expert segment to 128 rows")
+    if config is None:
+        config = w4a16_grouped_config("contiguous", m, w.n, w.k, w.num_experts)
+    if CONTIGUOUS_ALIGNMENT % config.block_m:
+        raise ValueError(f"contiguous needs block_m dividing {CONTIGUOUS_ALIGNMENT}, got {config.block_m}")
+    out = _check_out(out, m, w.n, a2.device)
+    if m == 0:
+        return out
+    grid = (m // config.block_m, triton.cdiv(w.n, config.block_n))
+    _w4a16_contiguous_kernel[grid](
+        a2, w.qweight, w.scales, out, m_indices,
+        m, w.n, w.k, a2.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0),
+        w.scales.stride(1), out.stride(0),
+        BM=config.block_m, BN=config.block_n, SWAP_AB=config.swap_ab,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+def masked(
+    a3: torch.Tensor,
+    w: W4A16Weight,
+    masked_m: torch.Tensor,
+    expected_m: int,
+    *,
+    out: torch.Tensor | None = None,
+    config: W4A16Config | None = None,
+) -> torch.Tensor:
+    """Grouped-masked W4A16 GEMM.
+
+    a3: ``bf16 [G, max_m, K]`` or flat ``[G * max_m, K]``; w: `W4A16Weight` packed with
+    ``pack_w4a16_grouped(..., mode="masked")`` (``[G, N, K]``); masked_m: ``int32 [G]`` on the
+    device, the valid rows of each expert (values above max_m are clamped); expected_m: a
+    positive Python int used only to choose the launch shape. Returns flat ``bf16
+    [G * max_m, N]``; rows past ``masked_m[g]`` are unspecified."""
+    _check_common(a3, w, "masked", "a3")
+    g = w.num_experts
+    if masked_m.dtype != torch.int32 or masked_m.shape != (g,):
+        raise TypeError(f"masked_m must be int32 [{g}], got {masked_m.dtype} {tuple(masked_m.shape)}")
+    if masked_m.device != a3.device:
+        raise ValueError(f"masked_m is on {masked_m.device}, a3 on {a3.device}")
+    if a3.dim() == 3:
+        if a3.shape[0] != g:
+            raise ValueError(f"a3 has {a3.shape[0]} groups, the weight {g}")
+        max_m = a3.shape[1]
+        if a3.stride(0) != max_m * a3.stride(1):
+            raise ValueError("a3 [G, max_m, K] must have its groups back to back (a flat row stride)")
+        a_flat = a3.view(g * max_m, w.k) if a3.is_contiguous() else a3.reshape(g * max_m, w.k)
+    elif a3.dim() == 2:
+        if a3.shape[0] % g:
+            raise ValueError(f"flat a3 has {a3.shape[0]} rows, not a multiple of G={g}")
+        max_m = a3.shape[0] // g
+        a_flat = a3
+    else:
+        raise ValueError(f"a3 must be [G, max_m, K] or [G*max_m, K], got {tuple(a3.shape)}")
+    if not isinstance(expected_m, int) or expected_m < 1:
+        raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
+    if config is None:
+        config = w4a16_grouped_config("masked", g * max_m, w.n, w.k, g, expected_m)
+    out = _check_out(out, g * max_m, w.n, a3.device)
+    if max_m == 0:
+        return out
+    grid = (g, triton.cdiv(max_m, config.block_m), triton.cdiv(w.n, config.block_n))
+    _w4a16_masked_kernel[grid](
+        a_flat, w.qweight, w.scales, out, masked_m,
+        max_m, w.n, w.k, a_flat.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0),
+        w.scales.stride(1), out.stride(0),
+        BM=config.block_m, BN=config.block_n, SWAP_AB=config.swap_ab,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out
+
+
+w4a16_grouped_contiguous = contiguous
+w4a16_grouped_masked = masked
+
+
+def compile_configs():
+    """Every configuration the grouped heuristics can pick, for the compile tier."""
+    common = {"N": "i32", "K": "i32", "stride_am": "i32", "stride_qe": "i32", "stride_qn": "i32",
+              "stride_se": "i32", "stride_sk": "i32", "stride_cm": "i32",
+              "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr"}
+    ptrs = {"a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16"}
+    sig_c = {**ptrs, "m_indices_ptr": "*i32", "M": "i32", **common}
+    sig_m = {**ptrs, "masked_m_ptr": "*i32", "max_m": "i32", **common}
+    return (compile_configs_for(_w4a16_contiguous_kernel, sig_c, "w4a16_contiguous", [{}], ())
+            + compile_configs_for(_w4a16_masked_kernel, sig_m, "w4a16_masked", [{}], ("max_m",)))

@@ -1,0 +1,142 @@
+"""W4A16 grouped contiguous / masked MoE GEMMs vs the FP32 reference (interpreter on CPU, native on GPU)."""
+
+import pytest
+import torch
+
+from lowbit import reference, routing
+from lowbit.formats import FormatError, get_format
+from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
+from lowbit.kernels.w4a16_core import VALIDATED_TILES, tile_config
+from lowbit.kernels.w4a16_grouped import contiguous, explain_w4a16_grouped_config, masked, w4a16_grouped_config
+from lowbit.testing import assert_close, poison_, random_topk_ids
+
+INT4 = get_format("int4_g32")
+TILES = sorted(VALIDATED_TILES)
+
+
+def _weights(g, n, k, gen, mode, device):
+    wq = INT4.quantize(torch.randn(g, n, k, generator=gen) * 0.05)
+    return wq, pack_w4a16_grouped(wq, mode=mode).to(device)
+
+
+def _contiguous_problem(t, top_k, g, k, gen, device, hot=None):
+    ids = random_topk_ids(t, top_k, g, generator=gen, hot_expert=hot)  # expert g-1 gets no rows
+    hidden = torch.randn(t, k, generator=gen).to(torch.bfloat16)
+    r = routing.build_contiguous(ids, g, backend="torch")
+    a2 = routing.gather_rows(hidden, r.row_to_route, top_k)
+    return a2.to(device), r.m_indices.to(device), r
+
+
+@pytest.mark.parametrize("bm", TILES)
+@pytest.mark.parametrize("shape", [(5, 80, 288, 40, 2), (3, 64, 512, 1, 1)],
+                         ids=lambda s: "G{}_N{}_K{}_T{}_k{}".format(*s))  # K, N off the tiles; one token
+def test_contiguous_matches_reference(shape, bm, gen, device):
+    g, n, k, t, top_k = shape
+    wq, pw = _weights(g, n, k, gen, "contiguous", device)
+    a2, m_idx, r = _contiguous_problem(t, top_k, g, k, gen, device)
+    out = poison_(torch.empty(a2.shape[0], n, dtype=torch.bfloat16, device=device))
+    contiguous(a2, pw, m_idx, out=out, config=tile_config(bm, "test"))
+    ref = reference.w4a16_contiguous_ref(a2.cpu(), wq, m_idx.cpu())
+    rows = (m_idx >= 0).cpu()
+    assert_close(out.cpu()[rows].float(), ref[rows], "bf16_out", "valid rows")
+    assert (out.cpu()[~rows].float() > 1e30).all(), "padding rows must not be written"
+
+
+def test_contiguous_all_rows_on_one_expert(gen, device):
+    g, n, k = 4, 48, 256
+    wq, pw = _weights(g, n, k, gen, "contiguous", device)
+    a2, m_idx, _ = _contiguous_problem(70, 1, g, k, gen, device, hot=2)
+    out = contiguous(a2, pw, m_idx)
+    rows = (m_idx >= 0).cpu()
+    assert_close(out.cpu()[rows].float(), reference.w4a16_contiguous_ref(a2.cpu(), wq, m_idx.cpu())[rows], "bf16_out")
+
+
+def _masked_problem(g, max_m, k, counts, gen, device):
+    a3 = torch.randn(g, max_m, k, generator=gen).to(torch.bfloat16)
+    return a3.to(device), torch.tensor(counts, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("bm", TILES)
+@pytest.mark.parametrize("flat", [False, True], ids=["3d", "flat"])
+def test_masked_matches_reference(bm, flat, gen, device):
+    g, n, k, max_m = 4, 80, 288, 48
+    wq, pw = _weights(g, n, k, gen, "masked", device)
+    counts = [0, 48, 17, 1]  # an empty expert, a full one (masked_m = max_m), odd counts
+    a3, mm = _masked_problem(g, max_m, k, counts, gen, device)
+    out = poison_(torch.empty(g * max_m, n, dtype=torch.bfloat16, device=device))
+    masked(a3.view(g * max_m, k) if flat else a3, pw, mm, 16, out=out, config=tile_config(bm, "test"))
+    ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
+    valid = torch.cat([torch.arange(max_m) < c for c in counts])
+    assert_close(out.cpu()[valid].float(), ref[valid], "bf16_out", "valid rows")
+
+
+def test_masked_expected_m_far_from_counts(gen, device):
+    """expected_m only picks the launch shape: 1 or 1000 give the same valid rows."""
+    g, n, k, max_m = 3, 64, 256, 40
+    wq, pw = _weights(g, n, k, gen, "masked", device)
+    a3, mm = _masked_problem(g, max_m, k, [40, 3, 22], gen, device)
+    valid = torch.cat([torch.arange(max_m) < c for c in (40, 3, 22)])
+    ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())[valid]
+    for expected in (1, 1000):
+        assert_close(masked(a3, pw, mm, expected).cpu()[valid].float(), ref, "bf16_out", f"expected_m={expected}")
+
+
+def test_heuristics():
+    assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).block_m == max(VALIDATED_TILES)
+    assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=32).block_m == 64  # 1.3 x 32 > 32
+    assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=8).block_m == 16
+    assert "expected_m=32" in explain_w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32)
+    with pytest.raises(ValueError, match="mode"):
+        w4a16_grouped_config("indexed", 1, 1, 1, 1)
+
+
+def test_bad_input(gen, device):
+    g, n, k = 3, 32, 256
+    wq, pc = _weights(g, n, k, gen, "contiguous", device)
+    pm = pack_w4a16_grouped(wq, mode="masked").to(device)
+    a2 = torch.randn(128, k, generator=gen).to(torch.bfloat16).to(device)
+    m_idx = torch.zeros(128, dtype=torch.int32, device=device)
+    with pytest.raises(FormatError, match="masked"):
+        contiguous(a2, pm, m_idx)  # weight packed for the other mode
+    with pytest.raises(FormatError, match="contiguous"):
+        masked(a2[:96].view(g, 32, k), pc, torch.zeros(g, dtype=torch.int32, device=device), 8)
+    with pytest.raises(FormatError, match="indexed"):
+        contiguous(a2, pack_w4a16(wq).to(device), m_idx)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        contiguous(a2[:100], pc, m_idx[:100])
+    with pytest.raises(TypeError, match="int32"):
+        contiguous(a2, pc, m_idx.long())
+    with pytest.raises(TypeError, match="bf16"):
+        contiguous(a2.float(), pc, m_idx)
+    with pytest.raises(ValueError, match="K="):
+        contiguous(a2[:, :128].contiguous(), pc, m_idx)
+    a3 = torch.randn(g, 16, k, generator=gen).to(torch.bfloat16).to(device)
+    mm = torch.full((g,), 4, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="expected_m"):
+        masked(a3, pm, mm, 0)
+    with pytest.raises(TypeError, match="masked_m"):
+        masked(a3, pm, mm[:2], 4)
+    with pytest.raises(ValueError, match="multiple of G"):
+        masked(a3.view(-1, k)[:47], pm, mm, 4)
+    with pytest.raises(FormatError, match="mode"):
+        pack_w4a16_grouped(wq, mode="indexed")
+
+
+@pytest.mark.gpu
+def test_masked_cuda_graph_with_changing_masked_m(gen):
+    g, n, k, max_m = 4, 128, 512, 32
+    wq, pw = _weights(g, n, k, gen, "masked", "cuda")
+    a3 = torch.randn(g, max_m, k, generator=gen).to(torch.bfloat16).cuda()
+    mm = torch.tensor([3, 0, 32, 9], dtype=torch.int32, device="cuda")
+    masked(a3, pw, mm, 16)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = masked(a3, pw, mm, 16)
+    for counts in ([1, 31, 0, 17], [32, 32, 32, 32], [0, 0, 5, 0]):
+        mm.copy_(torch.tensor(counts, dtype=torch.int32))
+        a3.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        valid = torch.cat([torch.arange(max_m) < c for c in counts])
+        ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
+        assert_close(out.cpu()[valid].float(), ref[valid], "bf16_out", f"replay {counts}")
