@@ -4,9 +4,13 @@ import subprocess
 import sys
 
 CODE = r"""
+import sys
 import torch
-import lowbit, lowbit.formats, lowbit.routing, lowbit.reference, lowbit.kernels, lowbit.testing
-import lowbit.kernels.moe_routing
+import lowbit
+assert not any(m.startswith("lowbit.kernels.") for m in sys.modules), "import lowbit imported a kernel module"
+import lowbit.formats, lowbit.routing, lowbit.reference, lowbit.kernels, lowbit.testing
+import lowbit.kernels.moe_routing, lowbit.kernels.w4a16_indexed, lowbit.kernels.w4a16_grouped
+assert callable(lowbit.w4a16_indexed) and callable(lowbit.w4a16_masked) and callable(lowbit.pack_w4a16)
 assert not torch.cuda.is_initialized(), "import lowbit initialized CUDA"
 print("ok")
 """

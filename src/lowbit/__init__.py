@@ -1,11 +1,41 @@
 """lowbit: low-bit MoE inference kernels for NVIDIA Hopper, in Triton.
 
-Importing lowbit never initializes CUDA: kernels compile and launch on first call only.
-Sub-packages: `formats` (number formats), `routing` (MoE routing layouts),
-`reference` (pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`.
+Importing lowbit never initializes CUDA and never imports a kernel module: the kernel entry
+points below are resolved on first attribute access, so ``TRITON_INTERPRET=1`` can still be
+set after ``import lowbit`` (it must be set before the first kernel is touched).
+
+Sub-packages: `formats` (number formats), `routing` (MoE routing layouts), `reference`
+(pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`.
 """
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
 from . import formats  # noqa: E402,F401
 from .formats import FormatError  # noqa: E402,F401
+
+#: public name -> (module, attribute), imported lazily
+_LAZY = {
+    "pack_w4a16": ("lowbit.formats.w4a16", "pack_w4a16"),
+    "pack_w4a16_grouped": ("lowbit.formats.w4a16", "pack_w4a16_grouped"),
+    "W4A16Weight": ("lowbit.formats.w4a16", "W4A16Weight"),
+    "moe_align_block_size": ("lowbit.routing", "moe_align_block_size"),
+    "build_contiguous": ("lowbit.routing", "build_contiguous"),
+    "build_masked": ("lowbit.routing", "build_masked"),
+    "w4a16_indexed": ("lowbit.kernels.w4a16_indexed", "w4a16_indexed"),
+    "w4a16_indexed_config": ("lowbit.kernels.w4a16_indexed", "w4a16_indexed_config"),
+    "w4a16_contiguous": ("lowbit.kernels.w4a16_grouped", "contiguous"),
+    "w4a16_masked": ("lowbit.kernels.w4a16_grouped", "masked"),
+}
+
+__all__ = ["__version__", "formats", "FormatError", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        value = getattr(import_module(mod), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
