@@ -36,6 +36,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.moe_routing",
     "lowbit.kernels.w4a16_indexed",
     "lowbit.kernels.w4a16_grouped",
+    "lowbit.kernels.sparse_attn",
 ]
 
 
@@ -60,6 +61,9 @@ class KernelConfig:
     #: torch allocations and Kimi K2.x sizes), which changes vectorization, pipelining and so
     #: the shared memory a launch needs
     unaligned: tuple[str, ...] = ()
+    #: stack bytes of register spills tolerated; anything above 0 must cite a measurement
+    #: showing the spilling configuration is still the fastest
+    max_spill_bytes: int = 0
 
 
 @dataclass
@@ -109,8 +113,10 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
         res = subprocess.run([_triton_bin("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True)
         m = re.search(r"REG:(\d+)", res.stdout)
         rep.registers = int(m.group(1)) if m else -1
-        m = re.search(r"LOCAL:(\d+)", res.stdout)
-        rep.spill_bytes = int(m.group(1)) if m else -1
+        # spills land in the stack frame (STACK), local arrays in LOCAL: count both
+        stack = re.search(r"STACK:(\d+)", res.stdout)
+        local = re.search(r"LOCAL:(\d+)", res.stdout)
+        rep.spill_bytes = int(stack.group(1)) + int(local.group(1)) if stack and local else -1
         sass = subprocess.run([_triton_bin("cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     rep.sass_missing = [op for op in cfg.expect_sass if op not in sass]
     # ptxas warnings (e.g. C7515: wgmma serialized) surface in the PTX->cubin step; re-run it
@@ -128,7 +134,7 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
     rep.ok = (
         rep.shared_bytes <= SMEM_LIMIT_SM90
         and not rep.sass_missing
-        and rep.spill_bytes in (0, -1)
+        and rep.spill_bytes <= cfg.max_spill_bytes
         and not rep.ptxas_warnings
     )
     return rep
