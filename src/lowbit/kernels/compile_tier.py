@@ -37,6 +37,8 @@ KERNEL_MODULES = [
     "lowbit.kernels.w4a16_indexed",
     "lowbit.kernels.w4a16_grouped",
     "lowbit.kernels.sparse_attn",
+    "lowbit.kernels.quant",
+    "lowbit.kernels.sinkhorn",
 ]
 
 
