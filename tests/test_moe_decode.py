@@ -1,0 +1,265 @@
+"""Output-centric MoE decode (gate_up + down) vs the FP32 reference, both weight formats and both
+engines (interpreter on the CPU tier, native on the GPU), plus bad input, heuristics, and a
+CUDA-graph replay on the GPU."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lowbit import reference
+from lowbit.reference.moe import expert_weight
+from lowbit.formats import FormatError, QuantizedTensor, get_format, quantize_mxfp8
+from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.kernels import moe_decode as md
+from lowbit.kernels.moe_decode import (
+    DecodeConfig,
+    Mxfp8ExpertWeight,
+    moe_decode,
+    moe_decode_config,
+    moe_decode_down,
+    moe_decode_gate_up,
+    pack_mxfp8_experts,
+)
+from lowbit.testing import assert_close, poison_, random_topk_ids, random_topk_weights
+
+INT4 = get_format("int4_g32")
+
+# Test tiles: as large as the test shapes, so the interpreter runs few programs; the default
+# (production) tiles run in test_single_token_default_config and test_dot_engine_*.
+BIG = {"fma": DecodeConfig("fma", 128, 256, 1, 4, 1), "dot": DecodeConfig("dot", 128, 256, 16, 4, 1)}
+
+
+def _weights(fmt, e, h, inter, gen, device):
+    """(kernel weights w13, w2; logical weights for the reference; the kernel's effective real
+    weights: INT4 is dequantized to bf16((q - 8) * s) by the kernels, MXFP8 exactly)."""
+    r13 = torch.randn(e, 2 * inter, h, generator=gen) * 0.05
+    r2 = torch.randn(e, h, inter, generator=gen) * 0.05
+    if fmt == "int4":
+        q13, q2 = INT4.quantize(r13), INT4.quantize(r2)
+        k13, k2 = pack_w4a16(q13).to(device), pack_w4a16(q2).to(device)
+        eff = lambda q: q.dequantize().to(torch.bfloat16).float()  # noqa: E731
+    else:
+        k13, k2 = pack_mxfp8_experts(r13).to(device), pack_mxfp8_experts(r2).to(device)
+        q13, q2 = k13.as_quantized(), k2.as_quantized()
+        eff = lambda q: q.dequantize()  # noqa: E731
+    q13, q2 = (QuantizedTensor(q.codes.cpu(), q.scales.cpu(), q.fmt) for q in (q13, q2))
+    return k13, k2, q13, q2, eff(q13), eff(q2)
+
+
+def _act_ref(hidden, ids, w13):
+    """FP32 reference of the gate_up stage: ``bf16(SiLU(g) * u)``, 0 for dropped slots."""
+    m, k = ids.shape
+    e = (w13.codes if hasattr(w13, "codes") else w13).shape[0]
+    inter = (w13.codes if hasattr(w13, "codes") else w13).shape[1] // 2
+    act = torch.zeros(m, k, inter)
+    for t in range(m):
+        for j in range(k):
+            ex = int(ids[t, j])
+            if 0 <= ex < e:
+                gu = hidden[t].float() @ expert_weight(w13, ex).T
+                act[t, j] = F.silu(gu[:inter]) * gu[inter:]
+    return act.to(torch.bfloat16).float()
+
+
+def _edge_routing(m, k, e, gen):
+    """Distinct top-k per token with the last expert empty, then the edges: a dropped slot
+    (-1), an id past the local experts (treated as dropped), a token listing one expert twice,
+    and routing weights that do not sum to 1 (one of them negative)."""
+    ids = random_topk_ids(m, k, e, generator=gen)
+    ids[1, 2] = -1
+    ids[4, 0] = e + 3
+    ids[3, 1] = ids[3, 0]  # repeated expert: each slot counts
+    tw = random_topk_weights(m, k, generator=gen) * 1.7
+    tw[2, 1] = -0.4
+    ref_ids = torch.where((ids >= 0) & (ids < e), ids, -1)
+    return ids, tw, ref_ids
+
+
+@pytest.mark.parametrize("engine", ["fma", "dot"])
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
+def test_matches_reference_with_routing_edges(fmt, engine, gen, device):
+    # E=6 with expert 5 empty; H=160 and I=96 are not multiples of the 256-wide K step nor of
+    # any tile; M=5 tokens share experts
+    e, h, inter, m, k = 6, 160, 96, 5, 3
+    w13, w2, q13, q2, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
+    ids, tw, ref_ids = _edge_routing(m, k, e, gen)
+    cfg = BIG[engine]
+    act = poison_(torch.empty(m, k, inter, dtype=torch.bfloat16, device=device))
+    moe_decode_gate_up(hidden.to(device), ids.to(device), w13, out=act, config=cfg)
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device=device))
+    moe_decode_down(act, ids.to(device), tw.to(device), w2, out=out, config=cfg)
+    act, out = act.cpu().float(), out.cpu().float()
+    # gate_up alone, against the kernel's effective weights (one bf16 rounding of the output)
+    assert_close(act, _act_ref(hidden, ref_ids, r13), "bf16_out", "act")
+    assert (act[1, 2] == 0).all() and (act[4, 0] == 0).all(), "dropped slots: act rows are 0"
+    assert torch.equal(act[3, 0], act[3, 1]), "a repeated expert gives both slots the same act row"
+    # the whole path, against the effective weights and against the quantized weights in FP32
+    assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, r13, r2, round_intermediate=True),
+                 "bf16_out", "out (effective weights)")
+    assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, q13, q2, round_intermediate=True),
+                 "bf16_chain", "out (FP32 of the quantized weights)")
+
+
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
+def test_single_token_default_config(fmt, gen, device):
+    """M=1 with the configuration the heuristics pick (the fma engine, production tiles); the
+    experts the token does not choose have no tokens; H, I not multiples of the tiles."""
+    e, h, inter, k = 4, 96, 64, 2
+    assert moe_decode_config(1, k, e, h, inter).engine == "fma"
+    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(1, k, e, generator=gen)
+    tw = random_topk_weights(1, k, generator=gen)
+    out = poison_(torch.empty(1, h, dtype=torch.bfloat16, device=device))
+    moe_decode(hidden.to(device), ids.to(device), tw.to(device), w13, w2, out=out)
+    ref = reference.moe_experts_ref(hidden, ids, tw, r13, r2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref, "bf16_out")
+
+
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
+def test_dot_engine_hot_expert_many_routes(fmt, gen, device):
+    """Dot engine, production tiles, 16 tokens a pass: every token's first slot on expert 0, so
+    its gate_up owner gathers 20 routes in two passes; 80 routes cross the 64-route scan chunk;
+    the 20 tokens make two token groups in down; the last expert is empty."""
+    e, h, inter, m, k = 5, 96, 64, 20, 4
+    cfg = DecodeConfig("dot", 64, 32, 16, 4, 1)
+    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(m, k, e, generator=gen, hot_expert=0)
+    tw = random_topk_weights(m, k, generator=gen)
+    act = moe_decode_gate_up(hidden.to(device), ids.to(device), w13, config=cfg)
+    out = moe_decode_down(act, ids.to(device), tw.to(device), w2, config=cfg)
+    assert_close(act.cpu().float(), _act_ref(hidden, ids, r13), "bf16_out", "act")
+    ref = reference.moe_experts_ref(hidden, ids, tw, r13, r2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref, "bf16_out")
+
+
+def test_mxfp8_weight_pack_and_validation(gen):
+    x = torch.randn(2, 8, 64, generator=gen)
+    codes, scales = quantize_mxfp8(x)
+    w = pack_mxfp8_experts(x)
+    assert (w.num_experts, w.n, w.k) == (2, 8, 64)
+    for other in (pack_mxfp8_experts((codes, scales)), pack_mxfp8_experts(codes, scales),
+                  pack_mxfp8_experts(get_format("mxfp8").quantize(x))):
+        assert torch.equal(other.codes.view(torch.uint8), w.codes.view(torch.uint8))
+        assert torch.equal(other.scales_e8m0, w.scales_e8m0)
+    assert torch.equal(w.as_quantized().dequantize(), get_format("mxfp8").dequantize(w.as_quantized()))
+    bad = scales.clone()
+    bad[0, 0, 0] = 255
+    with pytest.raises(FormatError, match="255"):
+        Mxfp8ExpertWeight(codes, bad)
+    with pytest.raises(FormatError, match="scales"):
+        Mxfp8ExpertWeight(codes, scales[..., :1].contiguous())
+    with pytest.raises(FormatError, match="uint8"):
+        Mxfp8ExpertWeight(codes, scales.float())
+    with pytest.raises(FormatError, match=r"float8_e4m3fn \[E, N, K\]"):
+        Mxfp8ExpertWeight(codes[0], scales[0])
+    with pytest.raises(FormatError, match="multiple of 32"):
+        pack_mxfp8_experts(torch.randn(2, 8, 48))
+    with pytest.raises(FormatError, match="int4_g32"):
+        pack_mxfp8_experts(INT4.quantize(x))
+    with pytest.raises(FormatError, match="scales_e8m0"):
+        pack_mxfp8_experts(codes)
+
+
+def test_bad_input(gen, device):
+    e, h, inter, m, k = 3, 64, 32, 2, 2
+    w13, w2, q13, _, _, _ = _weights("int4", e, h, inter, gen, device)
+    m13, m2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, device)
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).to(device)
+    ids = random_topk_ids(m, k, e, generator=gen).to(device)
+    tw = random_topk_weights(m, k, generator=gen).to(device)
+    with pytest.raises(TypeError, match="hidden must be bf16"):
+        moe_decode(hidden.float(), ids, tw, w13, w2)
+    with pytest.raises(TypeError, match="topk_ids must be int32"):
+        moe_decode(hidden, ids.long(), tw, w13, w2)
+    with pytest.raises(TypeError, match="topk_weights must be float32"):
+        moe_decode(hidden, ids, tw.to(torch.bfloat16), w13, w2)
+    with pytest.raises(ValueError, match="rows"):
+        moe_decode(hidden, ids[:1], tw[:1], w13, w2)
+    with pytest.raises(ValueError, match="must match topk_ids"):
+        moe_decode(hidden, ids, tw[:, :1].contiguous(), w13, w2)
+    with pytest.raises(ValueError, match=r"\[E, 64, 32\]"):  # hidden size of a different model
+        moe_decode_gate_up(hidden[:, :32].contiguous(), ids, w13)
+    with pytest.raises(ValueError, match="w2 must be"):
+        moe_decode(hidden, ids, tw, w13, w13)
+    with pytest.raises(FormatError, match="masked"):  # a weight packed for another kernel family
+        moe_decode(hidden, ids, tw, pack_w4a16(q13, profile="masked").to(device), w2)
+    with pytest.raises(FormatError, match="QuantizedTensor"):  # the logical weight, not prepared
+        moe_decode(hidden, ids, tw, q13, w2)
+    with pytest.raises(TypeError, match="W4A16Weight or an Mxfp8ExpertWeight"):
+        moe_decode(hidden, ids, tw, torch.zeros(e, 2 * inter, h), w2)
+    with pytest.raises(ValueError, match="slots"):
+        moe_decode_down(torch.zeros(m, k + 1, inter, dtype=torch.bfloat16, device=device), ids, tw, w2)
+    with pytest.raises(ValueError, match="out must be"):
+        moe_decode(hidden, ids, tw, m13, m2, out=torch.empty(m, h + 1, dtype=torch.bfloat16, device=device))
+    empty = moe_decode(hidden[:0], ids[:0], tw[:0], w13, w2)  # M=0: nothing to launch
+    assert empty.shape == (0, h) and empty.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="tokens=8"):
+        moe_decode(hidden, ids, tw, m13, m2, config=DecodeConfig("dot", 64, 32, 8, 4, 1))
+    with pytest.raises(ValueError, match="block_i=24"):
+        moe_decode(hidden, ids, tw, m13, m2, config=DecodeConfig("fma", 24, 32, 1, 4, 1))
+
+
+def test_heuristics_memo_and_env_overrides(monkeypatch):
+    ep8 = (8, 48, 7168, 2048)
+    one = moe_decode_config(1, *ep8)
+    assert one.engine == "fma" and one is moe_decode_config(1, *ep8), "memoized"
+    assert "1.00 routes/hit expert" in one.reason
+    many = moe_decode_config(32, *ep8)
+    assert many.engine == "dot" and many.tokens == 32
+    assert moe_decode_config(8, *ep8).tokens == 16
+    monkeypatch.setenv("LOWBIT_DECODE_ENGINE", "dot")
+    monkeypatch.setenv("LOWBIT_DECODE_BLOCK_H", "64")
+    over = moe_decode_config(1, *ep8)
+    assert over.engine == "dot" and over.block_h == 64 and over.tokens == 16
+    assert "LOWBIT_DECODE_BLOCK_H=64" in over.reason, "each override is part of the key and the reason"
+    monkeypatch.setenv("LOWBIT_DECODE_TOKENS", "12")
+    with pytest.raises(ValueError, match="tokens=12"):
+        moe_decode_config(1, *ep8)
+    monkeypatch.setenv("LOWBIT_DECODE_TOKENS", "many")
+    with pytest.raises(ValueError, match="LOWBIT_DECODE_TOKENS"):
+        moe_decode_config(1, *ep8)
+    for name in md.ENV_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    assert moe_decode_config(1, *ep8) is one
+    assert "engine=fma" in md.explain_moe_decode_config(1, *ep8)
+
+
+def test_compile_configs_cover_every_heuristic_choice():
+    names = [c.name for c in md.compile_configs()]
+    assert len(names) == len(set(names))
+    for c in md._production_configs():
+        for fmt in ("int4", "mxfp8"):
+            assert any(n.startswith(f"moe_decode_gate_up[{fmt},{c.engine},BI={c.block_i},T={c.tokens},") for n in names)
+            assert any(n.startswith(f"moe_decode_down[{fmt},{c.engine},BH={c.block_h},T={c.tokens},") for n in names)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["heuristic", "fma"])
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
+def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
+    """Capture moe_decode (no host readback), replay with new topk_ids / topk_weights (one
+    replay with a dropped slot). M=4 over 8 experts: the heuristics pick the dot engine."""
+    e, h, inter, m, k = 8, 256, 128, 4, 3
+    cfg = None if engine == "heuristic" else DecodeConfig("fma", 16, 16, 1, 4, 2)
+    w13, w2, q13, q2, _, _ = _weights(fmt, e, h, inter, gen, "cuda")
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
+    ids = random_topk_ids(m, k, e, generator=gen).cuda()
+    tw = random_topk_weights(m, k, generator=gen).cuda()
+    moe_decode(hidden, ids, tw, w13, w2, config=cfg)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = moe_decode(hidden, ids, tw, w13, w2, config=cfg)
+    for step in range(3):
+        new_ids = random_topk_ids(m, k, e, generator=gen)
+        if step == 1:
+            new_ids[0, 1] = -1
+        ids.copy_(new_ids.cuda())
+        tw.copy_(random_topk_weights(m, k, generator=gen).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_ids = ids.cpu()
+        want = reference.moe_experts_ref(hidden.cpu(), ref_ids, tw.cpu(), q13, q2, round_intermediate=True)
+        assert_close(y.cpu().float(), want, "bf16_chain", f"replay {step}")
