@@ -39,6 +39,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.sparse_attn",
     "lowbit.kernels.quant",
     "lowbit.kernels.sinkhorn",
+    "lowbit.kernels.moe_decode",
 ]
 
 
