@@ -1,0 +1,385 @@
+"""fp8_gemm, fp4_gemm and linear() against the FP32 references of seed 004 (interpreter on CPU,
+native on GPU).
+
+Budgets. The references return FP32; the kernels round once to BF16, so every comparison uses
+"bf16_out" (4e-3 relative Frobenius: one RNE rounding is at most 2**-8 relative per element).
+On the interpreter the kernels' dots are IEEE FP32 with the reference's promotion structure,
+so we also check every element against the half-ulp bound of that single rounding plus FP32
+summation slack (`_check`); on the GPU the tensor cores' FP8 accumulation is not IEEE FP32
+(DeepSeek-V3 report), which is why the elementwise bound is interpreter-only.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from lowbit.formats import FormatError
+from lowbit.formats.fp4 import quantize_mxfp4
+from lowbit.formats.fp8 import e8m0_decode, e8m0_encode, quantize_fp8_blocks, quantize_fp8_groups
+from lowbit.kernels import fp4_gemm as fp4_mod
+from lowbit.kernels import fp8_gemm as fp8_mod
+from lowbit.kernels.fp4_gemm import fp4_gemm, fp4_gemm_config
+from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config
+from lowbit.linear import ACT_QUANT_BACKEND, linear, weight_kind
+from lowbit.reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
+from lowbit.testing import assert_bitwise_equal, assert_close, interpreter_active, poison_
+
+FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+E8M0 = getattr(torch, "float8_e8m0fnu", None)
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, name: str = "output") -> None:
+    out = out.detach().float().cpu()
+    assert_close(out, ref, "bf16_out", name)
+    if interpreter_active():
+        slack = 2.0**-8 * ref.abs() + 1e-6 * ref.abs().max()
+        bad = (out - ref).abs() > slack
+        assert not bad.any(), f"{name}: {int(bad.sum())} elements beyond half a bf16 ulp of the FP32 reference"
+
+
+def _acts(m, k, gen, group=128, scale_fmt=None):
+    """FP8 activations whose groups span several binades (scales differ group to group)."""
+    x = torch.randn(m, k, generator=gen) * torch.exp2(torch.randint(-6, 7, (m, 1), generator=gen).float())
+    x = x * torch.exp2(torch.randint(-3, 4, (1, k), generator=gen).float())
+    return quantize_fp8_groups(x, group_size=group, scale_fmt=scale_fmt)
+
+
+def _fp8_weight(n, k, gen, scale_fmt=None):
+    return quantize_fp8_blocks(torch.randn(n, k, generator=gen) * 0.05, 128, scale_fmt)
+
+
+def _fp4_weight(n, k, gen):
+    w = torch.randn(n, k, generator=gen) * torch.exp2(torch.randint(-4, 3, (n, k // 32), generator=gen).float()
+                                                      ).repeat_interleave(32, 1)
+    return quantize_mxfp4(w)
+
+
+def _run(fn, *args, m, n, device, **kw):
+    out = poison_(torch.empty(m, n, dtype=torch.bfloat16, device=device))
+    res = fn(*args, out=out, **kw)
+    assert res is out
+    return out
+
+
+# ------------------------------------------------------------------------------------ fp8_gemm
+FP8_CASES = {
+    "M1_decode_N_off_tile": (1, 200, 384),        # M = 1, N not a multiple of 64 / 128
+    "M37_K_ragged": (37, 136, 320),               # M not a tile multiple, K = 2.5 scale blocks
+    "M130_prefill_tile": (130, 256, 256),         # 128x128 tiles, a 2-row second M tile
+}
+
+
+@pytest.mark.parametrize("shape", list(FP8_CASES.values()), ids=list(FP8_CASES))
+def test_fp8_gemm_matches_reference(shape, gen, device):
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp8_weight(n, k, gen)
+    ref = fp8_gemm_ref(a, a_s, b, b_s)
+    out = _run(fp8_gemm, a.to(device), a_s.to(device), b.to(device), b_s.to(device), m=m, n=n, device=device)
+    _check(out, ref, f"fp8_gemm {shape}")
+
+
+@pytest.mark.parametrize("tile", fp8_mod.production_tiles(), ids=lambda t: f"{t.block_m}x{t.block_n}")
+def test_fp8_gemm_every_tile_and_split_k(tile, gen, device):
+    """Each tile the heuristics can pick, direct and through the split-K workspace (2 ways over
+    3 K blocks: uneven shares); M, N, K off every tile (one full M tile and a ragged one)."""
+    m, n, k = tile.block_m + 5, 136, 320
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp8_weight(n, k, gen)
+    ref = fp8_gemm_ref(a, a_s, b, b_s)
+    args = (a.to(device), a_s.to(device), b.to(device), b_s.to(device))
+    for split in (1, 2):
+        out = _run(fp8_gemm, *args, m=m, n=n, device=device, config=replace(tile, split_k=split))
+        _check(out, ref, f"fp8_gemm tile {tile.block_m}x{tile.block_n} split {split}")
+
+
+def test_fp8_gemm_ue8m0_scales_fp32_or_e8m0_bytes(gen, device):
+    """Power-of-two scales (scale_fmt="ue8m0") as FP32 values or as E8M0 bytes (uint8 and
+    float8_e8m0fnu): the same numbers, so bit-identical outputs."""
+    m, n, k = 5, 192, 256
+    a, a_s = _acts(m, k, gen, scale_fmt="ue8m0")
+    b, b_s = _fp8_weight(n, k, gen, scale_fmt="ue8m0")
+    ref = fp8_gemm_ref(a, a_s, b, b_s)
+    a, b = a.to(device), b.to(device)
+    out = fp8_gemm(a, a_s.to(device), b, b_s.to(device))
+    _check(out, ref, "ue8m0 fp32")
+    as8, bs8 = e8m0_encode(a_s), e8m0_encode(b_s)
+    assert_bitwise_equal(fp8_gemm(a, as8.to(device), b, bs8.to(device)).cpu(), out.cpu(), "uint8 E8M0 scales")
+    if E8M0 is not None:
+        got = fp8_gemm(a, as8.view(E8M0).to(device), b, bs8.view(E8M0).to(device))
+        assert_bitwise_equal(got.cpu(), out.cpu(), "float8_e8m0fnu scales")
+
+
+def test_fp8_gemm_heuristics():
+    d = fp8_gemm_config(1, 4096, 7168)
+    assert d.swap_ab and d.block_m == 16 and d.block_n == 64 and d.split_k > 1, d
+    p = fp8_gemm_config(4096, 4096, 7168)
+    assert (p.block_m, p.block_n, p.swap_ab, p.split_k) == (128, 128, False, 1), p
+    for m in (1, 17, 64, 65, 129, 8192):
+        c = fp8_gemm_config(m, 2304, 5120)
+        assert c.reason and 128 % c.block_n == 0 and c.split_k >= 1
+        assert c.split_k <= triton_cdiv(5120, 128)
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def test_fp8_gemm_env_overrides_are_in_the_memo_key(monkeypatch):
+    base = fp8_gemm_config(3, 512, 1024)
+    monkeypatch.setenv("LOWBIT_FP8_GEMM_BLOCK_N", "128")
+    monkeypatch.setenv("LOWBIT_FP8_GEMM_SPLIT_K", "2")
+    o = fp8_gemm_config(3, 512, 1024)
+    assert (o.block_n, o.split_k) == (128, 2) and "LOWBIT_FP8_GEMM_BLOCK_N=128" in o.reason
+    monkeypatch.delenv("LOWBIT_FP8_GEMM_BLOCK_N")
+    monkeypatch.delenv("LOWBIT_FP8_GEMM_SPLIT_K")
+    assert fp8_gemm_config(3, 512, 1024) == base
+    assert set(fp8_mod.ENV_OVERRIDES) >= {"LOWBIT_FP8_GEMM_BLOCK_M", "LOWBIT_FP8_GEMM_SPLIT_K"}
+
+
+def test_fp8_gemm_bad_input(gen):
+    m, n, k = 4, 64, 256
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp8_weight(n, k, gen)
+    with pytest.raises(TypeError, match="a must be torch.float8_e4m3fn"):
+        fp8_gemm(a.float().bfloat16(), a_s, b, b_s)
+    with pytest.raises(TypeError, match="b must be torch.float8_e4m3fn"):
+        fp8_gemm(a, a_s, b.view(torch.uint8), b_s)
+    with pytest.raises(ValueError, match="must share K"):
+        fp8_gemm(a, a_s, b[:, :128], b_s[:, :1])
+    with pytest.raises(ValueError, match=r"a_s must have shape \(4, 2\)"):
+        fp8_gemm(a, a_s[:, :1], b, b_s)
+    with pytest.raises(ValueError, match=r"b_s must have shape \(1, 2\)"):
+        fp8_gemm(a, a_s, b, torch.ones(64, 2))  # per-row instead of 128x128 blocks
+    with pytest.raises(TypeError, match="b_s must be float32"):
+        fp8_gemm(a, a_s, b, b_s.bfloat16())
+    with pytest.raises(ValueError, match="contiguous along K"):
+        fp8_gemm(a, a_s, torch.empty(k, n, dtype=torch.float8_e4m3fn).t(), b_s)
+    with pytest.raises(ValueError, match="out must be bf16"):
+        fp8_gemm(a, a_s, b, b_s, out=torch.empty(m, n + 1, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="block_n must divide 128"):
+        fp8_gemm(a, a_s, b, b_s, config=BlockScaledConfig(16, 96, 4, 2, True))
+    with pytest.raises(ValueError, match="2-D"):
+        fp8_gemm(a[None], a_s, b, b_s)
+
+
+def test_fp8_gemm_empty_dims(gen, device):
+    b, b_s = _fp8_weight(64, 256, gen)
+    a, a_s = _acts(1, 256, gen)
+    assert fp8_gemm(a[:0].to(device), a_s[:0].to(device), b.to(device), b_s.to(device)).shape == (0, 64)
+
+
+# ------------------------------------------------------------------------------------ fp4_gemm
+FP4_CASES = {
+    "M1_decode_N_off_tile": (1, 200, 288),        # M = 1, N off the tile, K = 2.25 steps of 128
+    "M37_K_416": (37, 136, 416),                  # K a multiple of 32 but not of 128
+    "M130_prefill": (130, 192, 256),              # 128x64 tiles, a 2-row second M tile
+}
+
+
+@pytest.mark.parametrize("act", [128, 32])
+@pytest.mark.parametrize("shape", list(FP4_CASES.values()), ids=list(FP4_CASES))
+def test_fp4_gemm_matches_reference(shape, act, gen, device):
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen, group=act)
+    b, b_s = _fp4_weight(n, k, gen)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, act)
+    out = _run(fp4_gemm, a.to(device), a_s.to(device), b.to(device), b_s.to(device), act, m=m, n=n, device=device)
+    _check(out, ref, f"fp4_gemm {shape} act {act}")
+
+
+@pytest.mark.parametrize("tile", fp4_mod.production_tiles(), ids=lambda t: f"{t.block_m}x{t.block_n}")
+def test_fp4_gemm_every_tile_k_step_and_split_k(tile, gen, device):
+    """Each tile x k_step 128 (folded scales) / 32 (per-group promotion) x direct / split-K
+    (uneven shares); M, N and K off the tiles."""
+    m, n, k = tile.block_m + 3, 72, 288
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp4_weight(n, k, gen)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    args = (a.to(device), a_s.to(device), b.to(device), b_s.to(device))
+    for k_step, split in ((128, 1), (128, 2), (32, 1), (32, 4)):
+        cfg = replace(tile, k_step=k_step, split_k=split)
+        out = _run(fp4_gemm, *args, m=m, n=n, device=device, config=cfg)
+        _check(out, ref, f"fp4_gemm tile {tile.block_m}x{tile.block_n} k_step {k_step} split {split}")
+
+
+def _spread_problem(gen, m=24, n=48, k=512):
+    """Weights whose group scales inside one 128-K step span far more than the 11 binades the
+    fold takes at once, built so that the groups left for each level dominate some outputs:
+    a group whose codes alternate +1/-1 against activations constant over that group cancels
+    exactly, leaving the smaller groups. Row types (n % 4):
+      0: g0 cancels (2**20); g1 (2**0), g2 (2**-13), g3 (2**-26)            -> level 1 dominates
+      1: g0 (2**20), g1 (2**5) cancel; g2 (2**-10), g3 (2**-22)             -> level 2 dominates
+      2: g0, g1, g2 cancel (2**20, 2**7, 2**-6); g3 (2**-19)                -> level 3 dominates
+      3: g0 all-zero codes with a huge scale (2**40); g1..g3 ordinary        -> no leftovers
+    """
+    x = torch.randn(m, k, generator=gen)
+    xg = x.view(m, k // 32, 32)
+    xg[:, :, :] = torch.where((torch.arange(k // 32) % 4 < 3)[None, :, None], xg[:, :, :1], xg)  # g0..g2 constant
+    a, a_s = quantize_fp8_groups(x, group_size=128)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    alt = torch.tensor([2, 10], dtype=torch.uint8).repeat(16)  # +1, -1, ...: sums to zero
+    exps = torch.zeros(n, k // 32, dtype=torch.int32)
+    table = {0: (20, 0, -13, -26), 1: (20, 5, -10, -22), 2: (20, 7, -6, -19), 3: (40, 0, -2, 1)}
+    cancel = {0: (0,), 1: (0, 1), 2: (0, 1, 2), 3: ()}
+    for r in range(n):
+        t = r % 4
+        for grp in range(k // 32):
+            gi = grp % 4
+            exps[r, grp] = 127 + table[t][gi]
+            seg = slice(grp * 32, grp * 32 + 32)
+            if gi in cancel[t]:
+                codes[r, seg] = alt
+            elif t == 3 and gi == 0:
+                codes[r, seg] = 0
+    b = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return a, a_s, b, exps.to(torch.uint8)
+
+
+def test_fp4_gemm_scale_spread_beyond_one_fold(gen, device):
+    """The leftover pass (levels 1..3) is exact: each row type is checked on its own, so the
+    level that dominates it cannot hide under the Frobenius norm of the others."""
+    a, a_s, b, b_s = _spread_problem(gen)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    m, n = a.shape[0], b.shape[0]
+    args = (a.to(device), a_s.to(device), b.to(device), b_s.to(device))
+    for cfg in (replace(fp4_gemm_config(m, n, 512), split_k=2), BlockScaledConfig(128, 64, 8, 2, False)):
+        out = _run(fp4_gemm, *args, 128, m=m, n=n, device=device, config=cfg).float().cpu()
+        for t in range(4):
+            _check(out[:, t::4], ref[:, t::4], f"row type {t}, config {cfg}")
+
+
+def test_fp4_gemm_dtypes_and_ue8m0(gen, device):
+    """float4_e2m1fn_x2 weights, float8_e8m0fnu / FP32 (powers of two) weight scales, ue8m0
+    activation scales given as E8M0 bytes: the same numbers, bit-identical outputs."""
+    m, n, k = 3, 128, 256
+    a, a_s = _acts(m, k, gen, scale_fmt="ue8m0")
+    b, b_s = _fp4_weight(n, k, gen)
+    ref = fp4_gemm_ref(a, a_s, b, b_s)
+    a, b = a.to(device), b.to(device)
+    out = fp4_gemm(a, a_s.to(device), b, b_s.to(device))
+    _check(out, ref, "uint8 weight")
+    same = [fp4_gemm(a, e8m0_encode(a_s).to(device), b, b_s.to(device)),
+            fp4_gemm(a, a_s.to(device), b, e8m0_decode(b_s).to(device))]
+    if FP4X2 is not None:
+        same.append(fp4_gemm(a, a_s.to(device), b.view(FP4X2), b_s.to(device)))
+    if E8M0 is not None:
+        same.append(fp4_gemm(a, a_s.to(device), b, b_s.view(E8M0).to(device)))
+    for i, o in enumerate(same):
+        assert_bitwise_equal(o.cpu(), out.cpu(), f"variant {i}")
+
+
+def test_fp4_gemm_heuristics():
+    d = fp4_gemm_config(1, 2304, 5120)
+    assert d.swap_ab and d.k_step == 128 and d.split_k > 1, d
+    assert fp4_gemm_config(1, 2304, 5120, act_block_size=32).k_step == 32
+    p = fp4_gemm_config(4096, 5120, 2304)
+    assert (p.block_m, p.block_n, p.swap_ab, p.split_k) == (128, 64, False, 1), p
+    with pytest.raises(ValueError, match="act_block_size"):
+        fp4_gemm_config(1, 64, 64, act_block_size=64)
+
+
+def test_fp4_gemm_env_override_k_step(monkeypatch, gen, device):
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_K_STEP", "32")
+    assert fp4_gemm_config(2, 64, 256).k_step == 32
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_K_STEP", "128")
+    a, a_s = _acts(2, 256, gen, group=32)
+    b, b_s = _fp4_weight(64, 256, gen)
+    with pytest.raises(ValueError, match="needs act_block_size=128"):
+        fp4_gemm(a.to(device), a_s.to(device), b.to(device), b_s.to(device), 32)
+
+
+def test_fp4_gemm_bad_input(gen):
+    m, n, k = 2, 64, 256
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp4_weight(n, k, gen)
+    with pytest.raises(TypeError, match="b must be packed FP4"):
+        fp4_gemm(a, a_s, b.view(torch.int8), b_s)
+    with pytest.raises(ValueError, match=r"must be \[N, K/2\]"):
+        fp4_gemm(a, a_s, b[:, :64], b_s)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp4_gemm(a[:, :80], a_s[:, :1], b[:, :40], b_s[:, :2])
+    with pytest.raises(ValueError, match=r"b_s must have shape \(64, 8\)"):
+        fp4_gemm(a, a_s, b, b_s[:, :4])
+    with pytest.raises(ValueError, match="powers of two"):
+        fp4_gemm(a, a_s, b, e8m0_decode(b_s) * 1.5)
+    with pytest.raises(TypeError, match="b_s must be E8M0"):
+        fp4_gemm(a, a_s, b, b_s.to(torch.int32))
+    with pytest.raises(ValueError, match=r"a_s must have shape \(2, 8\)"):
+        fp4_gemm(a, a_s, b, b_s, 32)  # 1x128 scales given with act_block_size=32
+    with pytest.raises(ValueError, match="act_block_size must be 32 or 128"):
+        fp4_gemm(a, a_s, b, b_s, 64)
+    with pytest.raises(TypeError, match="a must be torch.float8_e4m3fn"):
+        fp4_gemm(a.to(torch.bfloat16), a_s, b, b_s)
+
+
+# ------------------------------------------------------------------------------------ linear
+def _ref_linear(x, weight, scale, act, scale_fmt, kind):
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, xs = act_quant_ref(x2, act, scale_fmt)
+    if kind == "fp4":
+        return fp4_gemm_ref(xq, xs, weight, scale, act)
+    return fp8_gemm_ref(xq, xs, weight, scale)
+
+
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_linear_fp8_dispatch_3d(scale_fmt, gen, device):
+    k, n = 256, 96
+    x = torch.randn(2, 3, k, generator=gen).to(torch.bfloat16)
+    w, s = _fp8_weight(n, k, gen)
+    y = linear(x.to(device), w.to(device), s.to(device), scale_fmt=scale_fmt)
+    assert y.shape == (2, 3, n) and y.dtype == torch.bfloat16
+    ref = _ref_linear(x, w, s, 128, scale_fmt, "fp8").view(2, 3, n)
+    _check(y, ref, "linear fp8")
+
+
+@pytest.mark.parametrize("act,scale_fmt", [(128, None), (32, "ue8m0")])
+def test_linear_fp4_dispatch(act, scale_fmt, gen, device):
+    k, n = 256, 80
+    x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
+    w, s = _fp4_weight(n, k, gen)
+    ref = _ref_linear(x, w, s, act, scale_fmt, "fp4")
+    y = linear(x.to(device), w.to(device), s.to(device), act_block_size=act, scale_fmt=scale_fmt)
+    assert y.shape == (5, n) and y.dtype == torch.bfloat16
+    _check(y, ref, "linear fp4 uint8")
+    if FP4X2 is not None:
+        y2 = linear(x.to(device), w.view(FP4X2).to(device), s.to(device), act_block_size=act, scale_fmt=scale_fmt)
+        assert_bitwise_equal(y2.cpu(), y.cpu(), "float4_e2m1fn_x2 weight")
+
+
+def test_linear_torch_fallback(gen, device):
+    x = torch.randn(2, 4, 64, generator=gen).to(torch.bfloat16).to(device)
+    w = torch.randn(48, 64, generator=gen).to(torch.bfloat16).to(device)
+    assert weight_kind(w) == "torch"
+    assert_bitwise_equal(linear(x, w).cpu(), torch.nn.functional.linear(x, w).cpu(), "F.linear")
+    with pytest.raises(ValueError, match="takes no scale"):
+        linear(x, w, torch.ones(1, 1, device=device))
+    with pytest.raises(TypeError, match="must share a dtype"):
+        linear(x, w.float())
+
+
+def test_linear_bad_input(gen):
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
+    w8, s8 = _fp8_weight(64, 256, gen)
+    w4, s4 = _fp4_weight(64, 256, gen)
+    assert (weight_kind(w8), weight_kind(w4)) == ("fp8", "fp4")
+    with pytest.raises(ValueError, match="needs its scale"):
+        linear(x, w8)
+    with pytest.raises(ValueError, match="needs its scale"):
+        linear(x, w4)
+    with pytest.raises(ValueError, match=r"FP8 weight scale must have shape \(1, 2\)"):
+        linear(x, w8, s8.repeat(2, 1))
+    with pytest.raises(ValueError, match=r"FP4 weight scale must have shape \(64, 8\)"):
+        linear(x, w4, s4[:, :4])
+    with pytest.raises(ValueError, match="must share K"):
+        linear(x[:, :128], w8, s8)
+    with pytest.raises(ValueError, match=r"must be \[N, K/2\]"):
+        linear(x[:, :128], w4, s4)
+    with pytest.raises(ValueError, match="act_block_size=32"):
+        linear(x, w8, s8, act_block_size=32)
+    with pytest.raises(ValueError, match="act_block_size must be 32 or 128"):
+        linear(x, w4, s4, act_block_size=64)
+    with pytest.raises((ValueError, FormatError)):
+        linear(x, w8, s8, scale_fmt="e5m2")
+    assert ACT_QUANT_BACKEND in ("triton", "reference")
