@@ -40,6 +40,8 @@ KERNEL_MODULES = [
     "lowbit.kernels.quant",
     "lowbit.kernels.sinkhorn",
     "lowbit.kernels.moe_decode",
+    "lowbit.kernels.fp8_gemm",
+    "lowbit.kernels.fp4_gemm",
 ]
 
 
