@@ -7,7 +7,6 @@ import torch
 from lowbit import routing
 from lowbit.testing import assert_bitwise_equal, random_topk_ids
 
-from conftest import ON_GPU
 
 # (T, top_k, num_experts, block_size): each comment names the edge the case covers
 CASES = [

@@ -15,8 +15,8 @@ Conventions every format follows:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 

@@ -18,7 +18,6 @@ kernels check both and refuse a weight prepared for someone else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 

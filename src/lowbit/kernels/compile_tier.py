@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["KernelConfig", "CompileReport", "KERNEL_MODULES", "SMEM_LIMIT_SM90", "compile_sm90", "run_all"]
 

@@ -67,19 +67,17 @@ from .fp8_gemm import (
     _UNIT_STRIDES,
     H200_NUM_SMS,
     BlockScaledConfig,
-    apply_env_overrides,
     check_config,
     check_devices,
     check_fp8_operand,
     check_out,
     decode_tile,
-    env_key,
     launch_block_scaled,
     num_sms,
-    override_names,
     scales_fp32,
     split_k_for,
 )
+from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = ["fp4_gemm", "fp4_gemm_config", "explain_fp4_gemm_config", "ENV_OVERRIDES", "WEIGHT_GROUP"]
 

@@ -41,7 +41,6 @@ the split-K rule and the split-K reduction.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -51,6 +50,7 @@ import triton.language as tl
 
 from ..formats.fp8 import e8m0_decode
 from . import numerics
+from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = [
     "fp8_gemm",
@@ -160,28 +160,6 @@ class BlockScaledConfig:
     split_k: int = 1
     k_step: int = 128
     reason: str = ""
-
-
-def override_names(prefix: str, fields: tuple[str, ...]) -> list[str]:
-    """``LOWBIT_<PREFIX>_BLOCK_M`` ...: the documented tuning overrides of a family."""
-    return [f"LOWBIT_{prefix}_{f.upper()}" for f in fields]
-
-
-def env_key(prefix: str, fields: tuple[str, ...]) -> tuple:
-    """The overrides' current values (part of every memo key)."""
-    return tuple(os.environ.get(n, "") for n in override_names(prefix, fields))
-
-
-def apply_env_overrides(cfg: BlockScaledConfig, prefix: str, fields: tuple[str, ...]) -> BlockScaledConfig:
-    for name, f in zip(override_names(prefix, fields), fields):
-        v = os.environ.get(name)
-        if v:
-            try:
-                val = v.lower() in ("1", "true", "yes") if f == "swap_ab" else int(v)
-            except ValueError:
-                raise ValueError(f"{name}={v!r} is not an integer") from None
-            cfg = replace(cfg, **{f: val}, reason=cfg.reason + f"; {name}={v}")
-    return cfg
 
 
 _FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k")

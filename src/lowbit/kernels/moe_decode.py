@@ -60,8 +60,7 @@ configuration table below is derived from the byte model, not from measurements.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -71,7 +70,7 @@ import triton.language as tl
 from ..formats.base import FormatError, QuantizedTensor
 from ..formats.mxfp8 import MXFP8_GROUP, quantize_mxfp8
 from ..formats.w4a16 import W4A16Weight
-from . import numerics
+from . import numerics, tuning
 from .int4_dequant import dequant_pair
 from .w4a16_core import w4a16_tile
 
@@ -497,11 +496,11 @@ _TILES = {
 _ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages")
 #: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot),
 #: LOWBIT_DECODE_BLOCK_I, _BLOCK_H, _TOKENS, _NUM_WARPS, _NUM_STAGES.
-ENV_OVERRIDES = [f"LOWBIT_DECODE_{f.upper()}" for f in _ENV_FIELDS]
+ENV_OVERRIDES = tuning.override_names("DECODE", _ENV_FIELDS)
 
 
 def _env_key() -> tuple:
-    return tuple(os.environ.get(n, "") for n in ENV_OVERRIDES)
+    return tuning.env_key("DECODE", _ENV_FIELDS)
 
 
 def _routes_per_hit_expert(m: int, top_k: int, num_experts: int) -> float:
@@ -544,13 +543,8 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
     tokens = 1 if engine == "fma" else (16 if m <= 16 else 32)
     cfg = DecodeConfig(engine, block_i, block_h, tokens, warps, stages,
                        f"M={m} k={top_k} E={num_experts}: {rpe:.2f} routes/hit expert: {why}")
-    for field, name in zip(_ENV_FIELDS[1:], ENV_OVERRIDES[1:]):
-        v = env_vals[field]
-        if v:
-            try:
-                cfg = replace(cfg, **{field: int(v)}, reason=cfg.reason + f"; {name}={v}")
-            except ValueError:
-                raise ValueError(f"{name}={v!r} is not an integer") from None
+    # the engine override was applied above (it picks the tile row); the others on top of it
+    cfg = tuning.apply_env_overrides(cfg, "DECODE", _ENV_FIELDS[1:])
     _validate_config(cfg)
     return cfg
 

@@ -43,7 +43,6 @@ read; memoized, ``LOWBIT_ACT_QUANT_*`` / ``LOWBIT_FP4_QUANT_*`` overrides in the
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,7 +53,7 @@ import triton.language as tl
 from ..formats.base import FormatError
 from ..formats.fp4 import MXFP4_AMAX_FLOOR, MXFP4_GROUP, NVFP4_DEEPSEEK_AMAX_FLOOR, NVFP4_GROUP
 from ..formats.fp8 import FP8_AMAX_FLOOR, FP8_E4M3_MAX, FP8_GROUP_SIZES, FP8_SCALE_FMTS
-from . import numerics
+from . import numerics, tuning
 
 __all__ = [
     "act_quant",
@@ -258,7 +257,7 @@ TILE_BYTES = (16384, 8192, 4096, 2048)
 WARPS_FOR_TILE = {16384: 8, 8192: 4, 4096: 2, 2048: 1}
 
 _FIELDS = ("groups_per_program", "num_warps")
-ENV_OVERRIDES = {kind: [f"LOWBIT_{kind.upper()}_{f.upper()}" for f in _FIELDS] for kind in ("act_quant", "fp4_quant")}
+ENV_OVERRIDES = {kind: tuning.override_names(kind.upper(), _FIELDS) for kind in ("act_quant", "fp4_quant")}
 
 
 @dataclass(frozen=True)
@@ -271,7 +270,7 @@ class QuantConfig:
 
 
 def _env_key(kind: str) -> tuple:
-    return tuple(os.environ.get(n, "") for n in ENV_OVERRIDES[kind])
+    return tuning.env_key(kind.upper(), _FIELDS)
 
 
 def _check_config(cfg: QuantConfig, block: int, who: str) -> None:
@@ -302,15 +301,7 @@ def _config_cached(kind: str, total_groups: int, block: int, elem_bytes: int, en
         f"{total_groups} groups of {block} x {elem_bytes} B: {tile} B a program -> {programs} programs "
         f"({'>= 2 per SM' if programs >= 2 * H200_SMS else 'smallest tile; launch-bound'}), "
         f"{WARPS_FOR_TILE[tile]} warps = 64 B a thread; byte model, not yet measured on the H200")
-    for name, field in zip(ENV_OVERRIDES[kind], _FIELDS):
-        v = os.environ.get(name)
-        if v:
-            try:
-                val = int(v)
-            except ValueError:
-                raise ValueError(f"{name}={v!r} is not an integer") from None
-            cfg = QuantConfig(**{**{f: getattr(cfg, f) for f in _FIELDS}, field: val},
-                              reason=cfg.reason + f"; {name}={v}")
+    cfg = tuning.apply_env_overrides(cfg, kind.upper(), _FIELDS)
     _check_config(cfg, block, kind)
     return cfg
 

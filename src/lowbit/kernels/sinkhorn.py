@@ -24,13 +24,14 @@ for prefill; heuristics (`sinkhorn_config`) only choose how many tokens share a 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
+
+from . import tuning
 
 __all__ = ["hc_split_sinkhorn", "SinkhornConfig", "sinkhorn_config", "explain_sinkhorn_config", "ENV_OVERRIDES"]
 
@@ -101,7 +102,7 @@ H200_SMS = 132
 SINKHORN_TABLE = ((8 * H200_SMS, 1, 1), (64 * H200_SMS, 8, 1), (None, 32, 4))
 
 _FIELDS = ("tokens_per_program", "num_warps")
-ENV_OVERRIDES = [f"LOWBIT_SINKHORN_{f.upper()}" for f in _FIELDS]
+ENV_OVERRIDES = tuning.override_names("SINKHORN", _FIELDS)
 
 
 @dataclass(frozen=True)
@@ -128,15 +129,7 @@ def _config_cached(n: int, hc: int, env: tuple) -> SinkhornConfig:
             break
     cfg = SinkhornConfig(tokens, warps, f"{n} tokens, hc={hc}: {tokens} a program, {warps} warp(s) "
                                         f"-> {triton.cdiv(n, tokens)} programs; op count, not yet measured on the H200")
-    for name, field in zip(ENV_OVERRIDES, _FIELDS):
-        v = os.environ.get(name)
-        if v:
-            try:
-                val = int(v)
-            except ValueError:
-                raise ValueError(f"{name}={v!r} is not an integer") from None
-            cfg = SinkhornConfig(**{**{f: getattr(cfg, f) for f in _FIELDS}, field: val},
-                                 reason=cfg.reason + f"; {name}={v}")
+    cfg = tuning.apply_env_overrides(cfg, "SINKHORN", _FIELDS)
     _check_config(cfg)
     return cfg
 
@@ -144,7 +137,7 @@ def _config_cached(n: int, hc: int, env: tuple) -> SinkhornConfig:
 def sinkhorn_config(n: int, hc: int = 4) -> SinkhornConfig:
     """Launch configuration for ``n`` tokens; memoized per (n, hc) and the overrides
     ``LOWBIT_SINKHORN_TOKENS_PER_PROGRAM`` / ``LOWBIT_SINKHORN_NUM_WARPS``."""
-    return _config_cached(int(n), int(hc), tuple(os.environ.get(k, "") for k in ENV_OVERRIDES))
+    return _config_cached(int(n), int(hc), tuning.env_key("SINKHORN", _FIELDS))
 
 
 def explain_sinkhorn_config(n: int, hc: int = 4) -> str:

@@ -59,7 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import numerics
+from . import numerics, tuning
 
 __all__ = [
     "sparse_attn",
@@ -187,11 +187,11 @@ _DEFAULT_SMS = 132
 _OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab")
 
 #: ``LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM`` ... : tuning overrides, each part of the memo key.
-ENV_OVERRIDES = [f"LOWBIT_SPARSE_ATTN_{f.upper()}" for f in _OVERRIDE_FIELDS]
+ENV_OVERRIDES = tuning.override_names("SPARSE_ATTN", _OVERRIDE_FIELDS)
 
 
 def _env_key() -> tuple:
-    return tuple(os.environ.get(n, "") for n in ENV_OVERRIDES)
+    return tuning.env_key("SPARSE_ATTN", _OVERRIDE_FIELDS)
 
 
 def _check_config(cfg: SparseAttnConfig) -> SparseAttnConfig:
@@ -212,15 +212,7 @@ def _apply_env_overrides(cfg: SparseAttnConfig) -> SparseAttnConfig:
         v = os.environ.get(name)
         if not v:
             continue
-        if field == "swap_ab":
-            if v.lower() not in ("0", "1", "true", "false", "yes", "no"):
-                raise ValueError(f"{name}={v!r}: expected 0/1")
-            val = v.lower() in ("1", "true", "yes")
-        else:
-            try:
-                val = int(v)
-            except ValueError:
-                raise ValueError(f"{name}={v!r}: expected an integer") from None
+        val = tuning.parse_override(name, v, getattr(cfg, field))
         if field == "heads_per_program" and val in TILE_TABLE:
             # a new head tile brings its own table row; later overrides still apply on top
             bk, warps, stages, swap = TILE_TABLE[val]

@@ -12,13 +12,12 @@ there, and never return to shared memory; the activations are the B operand.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import triton
 import triton.language as tl
 
-from . import numerics
+from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
 __all__ = ["W4A16Config", "w4a16_tile", "VALIDATED_TILES", "apply_env_overrides", "env_key", "override_names"]
@@ -97,23 +96,18 @@ ALLOWED_SPILL_BYTES: dict[int, int] = {16: 256}
 _OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab")
 
 
-def override_names(prefix: str) -> list[str]:
-    """``LOWBIT_<PREFIX>_BLOCK_M`` ... : the documented tuning overrides of a family."""
-    return [f"LOWBIT_{prefix}_{f.upper()}" for f in _OVERRIDE_FIELDS]
+def override_names(family: str) -> list[str]:
+    """``LOWBIT_<FAMILY>_BLOCK_M`` ... : the documented tuning overrides of a W4A16 family."""
+    return tuning.override_names(family, _OVERRIDE_FIELDS)
 
 
-def env_key(prefix: str) -> tuple:
+def env_key(family: str) -> tuple:
     """The overrides' current values (part of every memo key)."""
-    return tuple(os.environ.get(n, "") for n in override_names(prefix))
+    return tuning.env_key(family, _OVERRIDE_FIELDS)
 
 
-def apply_env_overrides(cfg: W4A16Config, prefix: str) -> W4A16Config:
-    for name, field in zip(override_names(prefix), _OVERRIDE_FIELDS):
-        v = os.environ.get(name)
-        if v:
-            val = v.lower() in ("1", "true", "yes") if field == "swap_ab" else int(v)
-            cfg = replace(cfg, **{field: val}, reason=cfg.reason + f"; {name}={v}")
-    return cfg
+def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
+    return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
 
 
 def tile_config(block_m: int, why: str) -> W4A16Config:
