@@ -296,3 +296,16 @@ def test_imports_do_not_initialize_cuda():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_every_tuning_override_is_documented():
+    """docs/tuning.md names every LOWBIT_* override a kernel family reads."""
+    import pathlib
+
+    from lowbit.cli import _show_config_sections
+
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "tuning.md").read_text()
+    names = [k for _, knobs, _ in _show_config_sections() for k in knobs]
+    assert len(names) >= 30
+    missing = [k for k in names if k not in doc]
+    assert not missing, f"undocumented overrides: {missing}"

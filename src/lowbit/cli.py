@@ -185,10 +185,42 @@ _SHOW_CONFIG_SHAPES = [
 ]
 
 
+def _show_config_sections():
+    """(family, its override variables, [(label, explanation)]) for every kernel family, at the
+    shapes the SPEC and the issues name (Kimi K2.x MoE, DeepSeek V4-Flash linears/attention)."""
+    from lowbit.kernels import (fp4_gemm, fp8_gemm, moe_decode, quant, sinkhorn, sparse_attn,
+                                w4a16_grouped, w4a16_indexed)
+
+    yield "w4a16_indexed", w4a16_indexed.ENV_OVERRIDES, [
+        (label, w4a16_indexed.explain_w4a16_indexed_config(routes, e, n, k))
+        for label, routes, e, n, k in _SHOW_CONFIG_SHAPES]
+    yield "w4a16_grouped", w4a16_grouped.ENV_OVERRIDES, [
+        (f"EP8 contiguous 128 rows/expert {p}", w4a16_grouped.explain_w4a16_grouped_config("contiguous", 6144, n, k, 48))
+        for p, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048))] + [
+        (f"EP8 masked {t} tok/expert {p}", w4a16_grouped.explain_w4a16_grouped_config("masked", 48 * 256, n, k, 48, t))
+        for t in (8, 16, 32, 64) for p, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048))]
+    yield "moe_decode", moe_decode.ENV_OVERRIDES, [
+        (f"EP8 {m} tok", moe_decode.explain_moe_decode_config(m, 8, 48, 7168, 2048)) for m in (1, 2, 4, 8, 16, 32)]
+    yield "fp8_gemm", fp8_gemm.ENV_OVERRIDES, [
+        (f"M={m} N={n} K={k}", fp8_gemm.explain_fp8_gemm_config(m, n, k))
+        for m in (16, 128, 4096) for n, k in ((2304, 5120), (5120, 2304))]
+    yield "fp4_gemm", fp4_gemm.ENV_OVERRIDES, [
+        (f"M={m} N={n} K={k}", fp4_gemm.explain_fp4_gemm_config(m, n, k))
+        for m in (16, 128, 4096) for n, k in ((2304, 5120), (5120, 2304))]
+    yield "act_quant / fp4_quant", [*quant.ENV_OVERRIDES["act_quant"], *quant.ENV_OVERRIDES["fp4_quant"]], [
+        ("act_quant 16384x7168", quant.explain_quant_config("act_quant", 16384, 7168, 128)),
+        ("fp4_quant 16384x7168", quant.explain_quant_config("fp4_quant", 16384, 7168, 32))]
+    yield "sparse_attn", sparse_attn.ENV_OVERRIDES, [
+        ("decode b=64 s=1 h=64", sparse_attn.explain_sparse_attn_config(64, 1, 64)),
+        ("prefill b=1 s=4096 h=64", sparse_attn.explain_sparse_attn_config(1, 4096, 64))]
+    yield "hc_split_sinkhorn", sinkhorn.ENV_OVERRIDES, [
+        (f"{n} tokens", sinkhorn.explain_sinkhorn_config(n)) for n in (64, 16384)]
+
+
 def _cmd_show_config(args: argparse.Namespace) -> int:
-    """Print the W4A16 indexed configuration per shape with its reason (memoized heuristics,
-    LOWBIT_W4A16_* overrides applied). Importing the kernel module compiles nothing."""
-    from lowbit.kernels.w4a16_indexed import ENV_OVERRIDES, explain_w4a16_indexed_config
+    """Print the configuration each kernel family's heuristics pick per shape, with the reason
+    (memoized heuristics, ``LOWBIT_*`` overrides applied). Compiles nothing."""
+    from lowbit.kernels.w4a16_indexed import explain_w4a16_indexed_config
 
     one = [args.routes, args.experts, args.n, args.k]
     if any(v is not None for v in one):
@@ -197,10 +229,12 @@ def _cmd_show_config(args: argparse.Namespace) -> int:
             return 2
         print(explain_w4a16_indexed_config(args.routes, args.experts, args.n, args.k))
         return 0
-    active = {k: v for k, v in os.environ.items() if k in ENV_OVERRIDES}
-    print(f"w4a16_indexed (overrides: {active or 'none'}; knobs: {', '.join(ENV_OVERRIDES)})")
-    for label, routes, experts, n, k in _SHOW_CONFIG_SHAPES:
-        print(f"  {label:22s} {explain_w4a16_indexed_config(routes, experts, n, k)}")
+    for family, knobs, rows in _show_config_sections():
+        active = {k: os.environ[k] for k in knobs if os.environ.get(k)}
+        print(f"{family} (overrides set: {active or 'none'}; knobs: {', '.join(knobs)})")
+        for label, text in rows:
+            print(f"  {label:34s} {text}")
+        print()
     return 0
 
 
