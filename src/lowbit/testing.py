@@ -17,6 +17,8 @@ import random
 
 import torch
 
+from ._env import interpreter_active
+
 __all__ = [
     "TOLERANCES",
     "rel_fro_err",
@@ -50,11 +52,6 @@ TOLERANCES: dict[str, float] = {
 #: A value no kernel produces from the inputs the tests draw: bf16 -> 2^120 (finite, so
 #: poisoned rows show in comparisons instead of turning every norm into inf/NaN).
 POISON_BF16 = 1.329228e36
-
-
-def interpreter_active() -> bool:
-    """True when Triton kernels run under the interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def rel_fro_err(x: torch.Tensor, ref: torch.Tensor) -> float:

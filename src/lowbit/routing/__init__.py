@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..testing import interpreter_active
+from .._env import interpreter_active
 from .layouts import (
     CONTIGUOUS_ALIGNMENT,
     ContiguousRouting,
