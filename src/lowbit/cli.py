@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Sequence
 
+from ._env import interpreter_active
+
 __all__ = ["main", "build_parser"]
 
 #: Modules that define Triton kernels (must be imported after TRITON_INTERPRET is set).
@@ -70,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _ensure_interpreter(argv: Sequence[str]) -> None:
     """Kernels must be *defined* under TRITON_INTERPRET=1 to run on the CPU. Set it now if no
     Triton kernel module is loaded yet, else re-exec this command with it set."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreter_active():
         return
     loaded = [m for m in sys.modules if m.startswith(_KERNEL_MODULE_PREFIXES)]
     os.environ["TRITON_INTERPRET"] = "1"

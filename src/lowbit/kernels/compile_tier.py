@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+
+from .._env import interpreter_active
 from typing import Any
 
 __all__ = ["KernelConfig", "CompileReport", "KERNEL_MODULES", "SMEM_LIMIT_SM90", "compile_sm90", "run_all"]
@@ -153,7 +155,7 @@ def all_configs() -> list[KernelConfig]:
 
 
 def run_all(pattern: str | None = None) -> list[CompileReport]:
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreter_active():
         raise RuntimeError("the compile tier needs TRITON_INTERPRET unset (run it in its own process)")
     return [compile_sm90(c) for c in all_configs() if pattern is None or re.search(pattern, c.name)]
 

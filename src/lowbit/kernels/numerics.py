@@ -23,15 +23,15 @@ casts, and a deliberately wrong kernel fails on the CPU tier.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
+
+from .._env import interpreter_active
 
 __all__ = ["INTERPRET", "dot", "to_bf16", "to_fp8e4m3", "mul_bf16"]
 
 #: Fixed when this module is first imported: set ``TRITON_INTERPRET`` before importing kernels.
-INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+INTERPRET: tl.constexpr = tl.constexpr(interpreter_active())
 
 
 @triton.jit
