@@ -19,6 +19,8 @@ from lowbit.bench.providers import (
     contiguous_expert_offsets,
     humming_weight_tensors,
 )
+from lowbit.bench.opcases import OpCase
+from lowbit.bench.ops import attn_bytes, build_op_problem, decode_bytes, gemm_bytes, quant_bytes
 from lowbit.bench.timing import measure, quantile
 from lowbit.formats import get_format
 from lowbit.reference.routing import build_contiguous_ref
@@ -38,6 +40,8 @@ def _cli(*args: str, env_extra: dict | None = None, timeout: int = 120) -> subpr
 # -- registry ------------------------------------------------------------------------------
 def test_kimi_shapes_match_the_spec():
     for name, case in CASES.items():
+        if isinstance(case, OpCase):
+            continue  # the op families: test_op_case_registry
         gate_up, down = case.projections
         assert (gate_up.name, down.name) == ("gate_up", "down"), name
         for p in case.projections:
@@ -73,6 +77,85 @@ def test_headline_points_are_the_default_set():
     assert picked["ep8_masked_32"].rows_per_expert == 32 and picked["ep8_masked_32"].max_m == 256
     ep8_tokens = sorted(c.tokens for c in CASES.values() if c.profile == "ep8" and c.layout == "indexed")
     assert ep8_tokens == [1, 4, 8, 16, 20, 32, 50, 256, 1024]
+
+
+def test_op_case_registry():
+    dec = select_cases(["decode_oc"])
+    assert [(c.p["fmt"], c.tokens) for c in dec] == [(f, t) for f in ("int4", "mxfp8") for t in (1, 2, 4, 8, 16, 32)]
+    for c in dec:
+        assert (c.num_experts, c.p["h"], c.p["inter"], c.p["top_k"]) == (48, 7168, 2048, 8)
+        gu, dn = c.projections
+        assert (gu.n, gu.k, dn.n, dn.k) == (4096, 7168, 7168, 2048)
+    seed = select_cases(["seed004"])
+    gemms = {(c.family, c.p["m"], c.p["n"], c.p["k"]) for c in seed if c.family.endswith("gemm")}
+    assert gemms == {(op, m, n, k) for op in ("fp8_gemm", "fp4_gemm") for m in (16, 128, 4096)
+                     for n, k in ((2304, 5120), (5120, 2304))}
+    fams = {c.family for c in seed}
+    assert fams == {"fp8_gemm", "fp4_gemm", "act_quant", "fp4_quant", "sparse_attn", "hc_split_sinkhorn"}
+    attn = CASES["sparse_attn_decode"].p
+    assert (attn["b"], attn["s"], attn["h"], attn["d"], attn["topk"], attn["n"]) == (64, 1, 64, 512, 2048, 65536)
+    assert CASES["act_quant_16384x7168"].bw_tbs == 4.28 and CASES["fp8_gemm_m16_n2304_k5120"].tflops == 1979.0
+    # tags pick single ops; "all" has no smoke op case; the default gained two decode points
+    assert {c.family for c in select_cases(["fp4_gemm"])} == {"fp4_gemm"}
+    assert not any(c.profile == "smoke" for c in select_cases(["all"]))
+    assert {"decode_oc_int4_t1", "decode_oc_int4_t32"} <= set(DEFAULT_CASE_NAMES)
+
+
+def test_op_byte_models_by_hand():
+    # decode INT4, 1 token, 8 experts hit: per expert w13 [4096, 7168] + w2 [7168, 2048]
+    bm = decode_bytes(fmt="int4", experts_hit=8, tokens=1, h=7168, inter=2048, top_k=8)
+    assert bm.weight_bytes == 8 * (4096 * 7168 // 2 + 7168 * 2048 // 2) == 176_160_768
+    assert bm.scale_bytes == 8 * (7168 // 32 * 4096 * 2 + 2048 // 32 * 7168 * 2) == 22_020_096
+    assert bm.act_bytes == bm.out_bytes == 7168 * 2
+    assert 44.0 < bm.floor_us() < 44.1          # issue 5's floor for 1 token (8 experts)
+    mx = decode_bytes(fmt="mxfp8", experts_hit=8, tokens=1, h=7168, inter=2048, top_k=8)
+    assert mx.weight_bytes == 2 * bm.weight_bytes and mx.scale_bytes == 8 * 3 * 2048 * 7168 // 32
+    g = gemm_bytes("fp8_gemm", 4096, 5120, 2304)
+    assert (g.weight_bytes, g.act_bytes, g.out_bytes) == (5120 * 2304, 4096 * 2304, 4096 * 5120 * 2)
+    assert g.scale_bytes == 4 * (40 * 18 + 4096 * 18) and g.flops == 2 * 4096 * 5120 * 2304
+    assert g.floor_us(4.5, 1979.0) == pytest.approx(g.flops / 1979e12 * 1e6)
+    f4 = gemm_bytes("fp4_gemm", 16, 2304, 5120)
+    assert (f4.weight_bytes, f4.scale_bytes) == (2304 * 2560, 2304 * 160 + 4 * 16 * 40)
+    q = quant_bytes("act_quant", 16384, 7168)
+    assert (q.act_bytes, q.out_bytes, q.scale_bytes) == (234_881_024, 117_440_512, 4 * 16384 * 56)
+    q4 = quant_bytes("fp4_quant", 16384, 7168)
+    assert (q4.out_bytes, q4.scale_bytes) == (16384 * 3584, 16384 * 224)
+    a = attn_bytes(64, 1, 64, 512, 2048)
+    assert a.weight_bytes == 134_217_728                # issue 6's "gathered KV 134 MB"
+    assert a.total_bytes == 134_217_728 + 64 * 2048 * 4 + 2 * 64 * 64 * 512 * 2
+
+
+def test_op_problem_counts_experts_hit():
+    p = build_op_problem(CASES["smoke_decode_oc_int4_t3"], "cpu")
+    hit = int(torch.unique(p.inputs["topk_ids"]).numel())
+    assert p.experts_hit == hit
+    assert p.bytes().weight_bytes == hit * (128 * 256 // 2 + 256 * 64 // 2)
+    assert p.reference().shape == (3, 256)
+    cases_mod.clear_weight_cache()
+
+
+def test_run_bench_op_rows(tmp_path):
+    # torch baselines only (no interpreter runs here): rows, schema, baseline, table
+    rows = run_bench(select_cases(["smoke_act_quant_8x256", "smoke_hc_split_sinkhorn_t37"]), ["torch"],
+                     device="cpu", timing={"min_reps": 3}, progress=None)
+    assert [(r["case"], r["provider"]) for r in rows] == [("smoke_act_quant_8x256", "torch-ref"),
+                                                          ("smoke_hc_split_sinkhorn_t37", "torch-ref")]
+    for r in rows:
+        assert set(r) == set(ROW_KEYS) and r["status"] == "ok" and r["projection"] == "op"
+        assert r["baseline"] == "torch-ref" and r["speedup_vs_baseline"] == pytest.approx(1.0)
+    assert rows[0]["message"] == "bit-exact" and rows[0]["bw_fraction"] == pytest.approx(rows[0]["tb_per_s"] / 4.28)
+    assert "x base" in format_table(rows)
+
+
+def test_crossover_summary():
+    from lowbit.bench.ops import crossover_summary
+
+    rows = [{"layout": "decode_oc", "status": "ok", "case": f"decode_oc_int4_t{t}", "tokens": t,
+             "provider": p, "median_us": us}
+            for t, oc, ix in ((1, 50.0, 90.0), (8, 200.0, 210.0), (16, 260.0, 250.0))
+            for p, us in (("lowbit", oc), ("lowbit-indexed", ix))]
+    text = crossover_summary(rows)
+    assert "indexed path first faster at 16 tokens" in text
 
 
 def test_select_cases_by_glob_tag_and_errors():
@@ -272,6 +355,10 @@ def test_cli_bench_list():
     r = _cli("bench", "--list")
     assert r.returncode == 0, r.stderr
     for name in DEFAULT_CASE_NAMES:
+        assert name in r.stdout
+    for name in ("decode_oc_mxfp8_t16", "fp8_gemm_m4096_n5120_k2304", "fp4_gemm_m16_n2304_k5120",
+                 "act_quant_16384x7168", "fp4_quant_16384x7168", "sparse_attn_decode", "sparse_attn_prefill",
+                 "hc_split_sinkhorn_t16384"):
         assert name in r.stdout
 
 

@@ -230,9 +230,21 @@ DEFAULT_CASE_NAMES: tuple[str, ...] = (
 )
 
 
+# The op families of issues 5 and 6 (`lowbit.bench.opcases` / `lowbit.bench.ops`): decode
+# layers (tag ``decode_oc``) and the seed-004 kernels (tag ``seed004``, or each op's name).
+from .opcases import DEFAULT_OP_CASE_NAMES, OP_CASES  # noqa: E402
+
+for _c in OP_CASES:
+    if _c.name in CASES:
+        raise ValueError(f"benchmark case {_c.name!r} registered twice")
+    CASES[_c.name] = _c  # type: ignore[assignment]  (OpCase: same listing attributes)
+DEFAULT_CASE_NAMES = DEFAULT_CASE_NAMES + DEFAULT_OP_CASE_NAMES
+
+
 def select_cases(patterns: list[str] | None) -> list[BenchCase]:
     """Cases whose name matches any of `patterns` (fnmatch globs, or "default" / "all" /
-    a tag such as "decode"), in registry order; no patterns = the default set.
+    a tag such as "decode", "decode_oc", "seed004", "fp8_gemm"), in registry order; no patterns =
+    the default set. Entries are `BenchCase` (W4A16 MoE GEMMs) or `lowbit.bench.opcases.OpCase`.
     Raises ValueError naming the known cases when a pattern matches nothing."""
     if not patterns:
         return [CASES[n] for n in DEFAULT_CASE_NAMES]

@@ -65,6 +65,7 @@ ROW_KEYS = (
     "median_us", "p20_us", "p80_us", "min_us", "reps", "l2_flushed", "cuda_graph",
     "weight_bytes", "scale_bytes", "act_bytes", "out_bytes", "total_bytes", "flops",
     "floor_us", "tb_per_s", "bw_fraction", "tflop_per_s", "flops_fraction", "speedup_vs_humming",
+    "family", "baseline", "speedup_vs_baseline",
     "rel_fro_err", "cos_diff", "refcheck_tol", "provider_config",
     "gpu", "torch", "triton", "humming", "lowbit", "lowbit_commit", "date",
 )
@@ -189,6 +190,7 @@ def _base_row(problem: Problem, provider: str, env: dict[str, Any], ceilings: tu
     row = dict.fromkeys(ROW_KEYS)
     row.update(
         case=c.name, label=c.label, layout=c.layout, profile=c.profile, projection=p.name, provider=provider,
+        family="w4a16_moe", baseline="humming",
         num_experts=c.num_experts, tokens=c.tokens or None, n=p.n, k=p.k, top_k=p.top_k,
         routed_rows=problem.routed_rows, experts_hit=problem.experts_hit,
         weight_bytes=bm.weight_bytes, scale_bytes=bm.scale_bytes, act_bytes=bm.act_bytes,
@@ -238,11 +240,17 @@ def _sum_rows(rows: list[dict[str, Any]], ceilings: tuple[float, float]) -> list
 
 
 def _speedups(rows: list[dict[str, Any]]) -> None:
+    """speedup_vs_humming: a Humming provider's time (``humming``, or an op family's
+    ``humming-*``) over this row's; speedup_vs_baseline: the row's `baseline` provider's."""
     base = {(r["case"], r["projection"]): r["median_us"] for r in rows
-            if r["provider"] == "humming" and r["status"] == "ok"}
+            if r["provider"].startswith("humming") and r["status"] == "ok"}
+    times = {(r["case"], r["projection"], r["provider"]): r["median_us"] for r in rows
+             if r["status"] == "ok" and r.get("median_us")}
     for r in rows:
         h = base.get((r["case"], r["projection"]))
         r["speedup_vs_humming"] = h / r["median_us"] if h and r.get("median_us") else None
+        b = times.get((r["case"], r["projection"], r.get("baseline")))
+        r["speedup_vs_baseline"] = b / r["median_us"] if b and r.get("median_us") else None
 
 
 def run_bench(
@@ -265,16 +273,25 @@ def run_bench(
     reason is reported through `progress`); a provider that raises gives a row with status
     ``error``; one that fails the reference check gives ``FAIL`` and is not timed.
     """
+    from .ops import FAMILIES, is_op_case  # noqa: PLC0415
+
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     say = progress or (lambda _m: None)
-    cases = list(cases)
+    all_cases = list(cases)
+    op_cases = [c for c in all_cases if is_op_case(c)]
+    cases = [c for c in all_cases if not is_op_case(c)]
+    provider_names = list(provider_names)
     env = collect_env(device if device.type == "cuda" else None)
+    op_names = {p.name for provs in FAMILIES.values() for p in provs}
     providers: dict[str, Provider] = {}
     for name in provider_names:
         if name not in PROVIDERS:
-            raise ValueError(f"unknown provider {name!r}; known: {', '.join(PROVIDERS)}")
+            if name in op_names:
+                continue  # an op family's provider (ops.FAMILIES), picked up by _run_op_cases
+            raise ValueError(f"unknown provider {name!r}; known: {', '.join(PROVIDERS)} "
+                             f"(op families: {', '.join(sorted(op_names))})")
         prov = PROVIDERS[name]()
         reason = prov.unavailable_reason()
         if reason:
@@ -340,11 +357,155 @@ def run_bench(
         prov.clear()
     clear_weight_cache()
     rows.extend(_sum_rows(rows, ceilings))
-    order = {c.name: i for i, c in enumerate(cases)}
+    if op_cases:
+        rows.extend(_run_op_cases(op_cases, provider_names, device=device, env=env, timing=timing, tol=tol,
+                                  ceilings=ceilings, say=say, done=rows, on_row=on_row))
+    order = {c.name: i for i, c in enumerate(all_cases)}
     proj_order = {"gate_up": 0, "down": 1, "sum": 2}
     prov_order = {n: i for i, n in enumerate(provider_names)}
-    rows.sort(key=lambda r: (order[r["case"]], proj_order.get(r["projection"], 9), prov_order.get(r["provider"], 9)))
+    op_rank = {(fam, p.name): i for fam, provs in FAMILIES.items() for i, p in enumerate(provs)}
+
+    def rank(r: dict[str, Any]) -> tuple:
+        if r.get("family") in FAMILIES:
+            return (order[r["case"]], 0, op_rank.get((r["family"], r["provider"]), 9))
+        return (order[r["case"]], proj_order.get(r["projection"], 9), prov_order.get(r["provider"], 9))
+
+    rows.sort(key=rank)
     _speedups(rows)
+    return rows
+
+
+def _op_row(problem: Any, provider: Any, env: dict[str, Any], ceilings: tuple[float, float], tol: float) -> dict[str, Any]:
+    c = problem.case
+    bm = problem.bytes()
+    row = dict.fromkeys(ROW_KEYS)
+    row.update(
+        case=c.name, label=c.label, layout=c.family, profile=c.profile, projection=problem.projection,
+        provider=provider.name, family=c.family, num_experts=c.num_experts or None, tokens=c.tokens or None,
+        n=problem.n, k=problem.k, top_k=problem.top_k, routed_rows=problem.routed_rows,
+        experts_hit=problem.experts_hit, weight_bytes=bm.weight_bytes, scale_bytes=bm.scale_bytes,
+        act_bytes=bm.act_bytes, out_bytes=bm.out_bytes, total_bytes=bm.total_bytes, flops=bm.flops,
+        floor_us=bm.floor_us(*ceilings), refcheck_tol=tol,
+        gpu=env.get("gpu"), torch=env.get("torch"), triton=env.get("triton"), humming=env.get("humming"),
+        lowbit=env.get("lowbit"), lowbit_commit=env.get("lowbit_commit"), date=env.get("date"),
+    )
+    return row
+
+
+def op_case_ceilings(case: Any, ceilings: tuple[float, float]) -> tuple[float, float]:
+    """An op case's own (bandwidth, compute) ceilings where it has them (copy bandwidth for
+    the quantizers, the FP8 tensor-core peak for the FP8 / FP4 GEMMs), else the run's."""
+    return (case.bw_tbs or ceilings[0], case.tflops or ceilings[1])
+
+
+def check_op_output(problem: Any, provider: Any, out: Any, tol: float) -> tuple[bool, float, float, str]:
+    """(passed, rel_fro_err, cos_diff, message) of an op provider's output vs its reference."""
+    rel, cos, note = problem.compare(out, problem.reference(provider.ref_key))
+    ok = rel <= tol
+    msg = note if ok else f"rel_fro_err {rel:.3e} > {tol:.0e}" + (f" ({note})" if note else "")
+    return ok, rel, cos, msg
+
+
+def _run_op_cases(
+    op_cases: list[Any],
+    provider_names: list[str],
+    *,
+    device: torch.device,
+    env: dict[str, Any],
+    timing: dict[str, Any] | None,
+    tol: float,
+    ceilings: tuple[float, float],
+    say: Callable[[str], None],
+    done: list[dict[str, Any]],
+    on_row: Callable[[list[dict[str, Any]]], None] | None,
+) -> list[dict[str, Any]]:
+    """The op families (`lowbit.bench.ops`): one problem per case, one row per provider whose
+    group (lowbit / humming / torch) or name is in `provider_names`; same statuses as the
+    W4A16 rows (``ok`` / ``FAIL`` not timed / ``error``), baseline named on every row."""
+    from .ops import FAMILIES, build_op_problem, clear_op_caches, op_providers  # noqa: PLC0415
+
+    rows: list[dict[str, Any]] = []
+    instances: dict[str, list[Any]] = {}
+    t_start = time.time()
+    total = sum(len(op_providers(c.family, provider_names)) for c in op_cases)
+    step = 0
+    last_family = None
+    for case in op_cases:
+        if last_family is not None and case.family != last_family:
+            for provs in instances.values():
+                for prov in provs:
+                    prov.clear()
+            instances.clear()
+            clear_weight_cache()
+            clear_op_caches()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        last_family = case.family
+        if case.family not in instances:
+            instances[case.family] = []
+            for cls in op_providers(case.family, provider_names):
+                prov = cls()
+                reason = prov.unavailable_reason()
+                if reason:
+                    say(f"provider {case.family}/{cls.name}: unavailable: {reason}")
+                    continue
+                instances[case.family].append(prov)
+        cl = op_case_ceilings(case, ceilings)
+        baseline = next((p.name for p in FAMILIES[case.family] if p.baseline), None)
+        try:
+            problem = build_op_problem(case, device)
+            problem.reference()
+        except Exception as exc:  # noqa: BLE001  (a case that cannot be built: one error row, go on)
+            say(f"{case.name}: could not build the problem: {type(exc).__name__}: {exc}")
+            row = dict.fromkeys(ROW_KEYS)
+            row.update(case=case.name, label=case.label, layout=case.family, profile=case.profile,
+                       projection="layer" if case.family == "decode_oc" else "op", provider="-",
+                       family=case.family, status="error", message=f"setup: {type(exc).__name__}: {exc}"[:500],
+                       gpu=env.get("gpu"), torch=env.get("torch"), lowbit_commit=env.get("lowbit_commit"),
+                       date=env.get("date"))
+            rows.append(row)
+            continue
+        for prov in instances[case.family]:
+            step += 1
+            tag = f"[op {step}/{total} {time.time() - t_start:6.1f}s] {case.name} {prov.name}"
+            reason = prov.supports(problem)
+            if reason:
+                say(f"{tag}: skipped ({reason})")
+                continue
+            row = _op_row(problem, prov, env, cl, tol)
+            row["baseline"] = baseline
+            try:
+                prov.prepare(problem)
+                out = prov.run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                ok, rel, cos, msg = check_op_output(problem, prov, out, tol)
+                row.update(rel_fro_err=rel, cos_diff=cos, message=msg, provider_config=prov.config() or None)
+                del out
+                if ok:
+                    t = measure(prov.run, device=device, **(timing or {}))
+                    row.update(status="ok", median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
+                               min_us=t.min_us, reps=t.reps, l2_flushed=t.l2_flushed, cuda_graph=t.cuda_graph)
+                    _fill_rates(row, cl)
+                else:
+                    row["status"] = "FAIL"
+            except Exception as exc:  # noqa: BLE001  (one provider's crash must not end the run)
+                row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
+                say("".join(traceback.format_exception_only(type(exc), exc)).strip())
+            finally:
+                prov.release()
+            rows.append(row)
+            if on_row is not None:
+                on_row(done + rows)
+            us = f"{row['median_us']:.1f} us" if row.get("median_us") else "-"
+            rel = f"rel={row['rel_fro_err']:.1e}" if row.get("rel_fro_err") is not None else ""
+            say(f"{tag}: {row['status']} {us} {rel} {row['message'] or ''}".rstrip())
+        del problem
+    for provs in instances.values():
+        for prov in provs:
+            prov.clear()
+    clear_weight_cache()
+    clear_op_caches()
     return rows
 
 
@@ -354,8 +515,11 @@ def _fmt(v: Any, spec: str, none: str = "-") -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """Compact text table: case, proj, provider, us, x vs humming, TB/s, %BW, TFLOP/s, check."""
-    head = ("case", "proj", "provider", "us", "p20-p80", "x hum", "TB/s", "%BW", "TFLOP/s", "floor us", "refcheck")
+    """Compact text table: case, proj, provider, us, x vs humming, x vs the row's baseline,
+    TB/s, %BW, TFLOP/s, check; then the decode crossover and fp4/fp8 summaries when those
+    rows are there (`lowbit.bench.ops.crossover_summary`)."""
+    head = ("case", "proj", "provider", "us", "p20-p80", "x hum", "x base", "TB/s", "%BW", "TFLOP/s", "floor us",
+            "refcheck")
     lines = []
     for r in rows:
         if r["status"] == "ok":
@@ -367,12 +531,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         spread = (f"{r['p20_us']:.1f}-{r['p80_us']:.1f}" if r.get("p20_us") is not None else "")
         lines.append((
             r["case"], r["projection"], r["provider"], _fmt(r.get("median_us"), ".1f"), spread,
-            _fmt(r.get("speedup_vs_humming"), ".2f"), _fmt(r.get("tb_per_s"), ".2f"),
+            _fmt(r.get("speedup_vs_humming"), ".2f"), _fmt(r.get("speedup_vs_baseline"), ".2f"),
+            _fmt(r.get("tb_per_s"), ".2f"),
             _fmt(None if r.get("bw_fraction") is None else 100 * r["bw_fraction"], ".0f"),
             _fmt(r.get("tflop_per_s"), ".1f"), _fmt(r.get("floor_us"), ".1f"), check,
         ))
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
-    right = {3, 4, 5, 6, 7, 8, 9}
+    right = {3, 4, 5, 6, 7, 8, 9, 10}
 
     def render(cells: tuple[str, ...]) -> str:
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -384,7 +549,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             out.append("")
         prev_case = line[0]
         out.append(render(line))
-    return "\n".join(out)
+    from .ops import crossover_summary  # noqa: PLC0415
+
+    extra = crossover_summary(rows)
+    return "\n".join(out + (["", extra] if extra else []))
 
 
 def write_results(rows: list[dict[str, Any]], out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -527,4 +695,33 @@ def _check_routing() -> list[tuple[str, bool, str]]:
         want_m = routing.build_masked(ids, e, max_m=max_m, backend="torch")
         ok = all(_same(getattr(got_m, f), getattr(want_m, f)) for f in ("masked_m", "row_to_route", "route_to_row"))
         out.append((f"build_masked {label} max_m={max_m}", ok, ""))
+    return out
+
+
+@register_cpu_check("op-families")
+def _check_op_families() -> list[tuple[str, bool, str]]:
+    """The issue-5/6 op families on tiny shapes (``smoke_*`` op cases): every provider that
+    runs without a GPU (lowbit kernels through the interpreter, the torch baselines) against
+    its reference, through the same prepare / run / check path the GPU bench takes."""
+    from .ops import OP_CASES, build_op_problem, clear_op_caches, op_providers  # noqa: PLC0415
+
+    out = []
+    for case in OP_CASES:
+        if not case.smoke:
+            continue
+        problem = build_op_problem(case, "cpu")
+        for cls in op_providers(case.family):
+            prov = cls()
+            if prov.unavailable_reason() or prov.supports(problem):
+                continue
+            try:
+                prov.prepare(problem)
+                ok, rel, cos, msg = check_op_output(problem, prov, prov.run(), REFCHECK_TOL)
+                out.append((f"{case.name} {prov.name}", ok, f"rel={rel:.1e} cos={cos:.1e} {msg}".strip()))
+            except Exception as exc:  # noqa: BLE001
+                out.append((f"{case.name} {prov.name}", False, f"{type(exc).__name__}: {exc}"[:200]))
+            finally:
+                prov.clear()
+    clear_weight_cache()
+    clear_op_caches()
     return out
