@@ -62,7 +62,7 @@ if [[ -f "$OUT/bench/results.json" ]]; then
 import json, sys
 from lowbit.bench.driver import format_table
 rows = json.load(open(sys.argv[1]))
-print(format_table([r for r in rows if r["projection"] == "sum" or r["status"] != "ok"]))
+print(format_table([r for r in rows if r["projection"] in ("sum", "layer", "op") or r["status"] != "ok"]))
 PY
 fi
 [[ "$tests_rc" == 0 || "$tests_rc" == "not run" ]] && [[ "$bench_rc" == 0 || "$bench_rc" == "not run" ]]
