@@ -184,6 +184,33 @@ def refcheck(out: torch.Tensor, problem: Problem, tol: float = REFCHECK_TOL) -> 
 
 
 # -- rows ----------------------------------------------------------------------------------
+def _check_then_time(prov, problem, row: dict[str, Any], check, device, timing, ceilings, say) -> None:
+    """The one measuring protocol of every provider: untimed `prepare` (packing, compile,
+    warm-up), one run checked against the reference by `check(out) -> (ok, rel, cos, msg)`,
+    then timing only if the check passed. Fills `row` (status ok / FAIL / error); a provider
+    that raises becomes an error row, never the end of the run."""
+    try:
+        prov.prepare(problem)
+        out = prov.run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        ok, rel, cos, msg = check(out)
+        row.update(rel_fro_err=rel, cos_diff=cos, message=msg, provider_config=prov.config() or None)
+        del out
+        if ok:
+            t = measure(prov.run, device=device, **(timing or {}))
+            row.update(status="ok", median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
+                       min_us=t.min_us, reps=t.reps, l2_flushed=t.l2_flushed, cuda_graph=t.cuda_graph)
+            _fill_rates(row, ceilings)
+        else:
+            row["status"] = "FAIL"
+    except Exception as exc:  # noqa: BLE001  (one provider's crash must not end the run)
+        row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
+        say("".join(traceback.format_exception_only(type(exc), exc)).strip())
+    finally:
+        prov.release()
+
+
 def _base_row(problem: Problem, provider: str, env: dict[str, Any], ceilings: tuple[float, float]) -> dict[str, Any]:
     c, p = problem.case, problem.proj
     bm = problem.bytes()
@@ -323,27 +350,9 @@ def run_bench(
                     say(f"{tag}: skipped ({reason})")
                     continue
                 row = _base_row(problem, name, env, ceilings)
-                try:
-                    prov.prepare(problem)
-                    out = prov.run()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    ok, rel, cos, msg = refcheck(out, problem, tol)
-                    row.update(rel_fro_err=rel, cos_diff=cos, refcheck_tol=tol, message=msg,
-                               provider_config=prov.config() or None)
-                    del out
-                    if ok:
-                        t = measure(prov.run, device=device, **(timing or {}))
-                        row.update(status="ok", median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                                   min_us=t.min_us, reps=t.reps, l2_flushed=t.l2_flushed, cuda_graph=t.cuda_graph)
-                        _fill_rates(row, ceilings)
-                    else:
-                        row["status"] = "FAIL"
-                except Exception as exc:  # noqa: BLE001  (one provider's crash must not end the run)
-                    row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
-                    say("".join(traceback.format_exception_only(type(exc), exc)).strip())
-                finally:
-                    prov.release()
+                row["refcheck_tol"] = tol
+                _check_then_time(prov, problem, row, lambda out, p=problem: refcheck(out, p, tol),
+                                 device, timing, ceilings, say)
                 rows.append(row)
                 if on_row is not None:
                     on_row(rows)
@@ -474,26 +483,8 @@ def _run_op_cases(
                 continue
             row = _op_row(problem, prov, env, cl, tol)
             row["baseline"] = baseline
-            try:
-                prov.prepare(problem)
-                out = prov.run()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                ok, rel, cos, msg = check_op_output(problem, prov, out, tol)
-                row.update(rel_fro_err=rel, cos_diff=cos, message=msg, provider_config=prov.config() or None)
-                del out
-                if ok:
-                    t = measure(prov.run, device=device, **(timing or {}))
-                    row.update(status="ok", median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                               min_us=t.min_us, reps=t.reps, l2_flushed=t.l2_flushed, cuda_graph=t.cuda_graph)
-                    _fill_rates(row, cl)
-                else:
-                    row["status"] = "FAIL"
-            except Exception as exc:  # noqa: BLE001  (one provider's crash must not end the run)
-                row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
-                say("".join(traceback.format_exception_only(type(exc), exc)).strip())
-            finally:
-                prov.release()
+            _check_then_time(prov, problem, row, lambda out, p=problem, pv=prov: check_op_output(p, pv, out, tol),
+                             device, timing, cl, say)
             rows.append(row)
             if on_row is not None:
                 on_row(done + rows)
