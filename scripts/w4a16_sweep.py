@@ -20,6 +20,9 @@ READ_BW = 4.50e12
 
 CASES = {
     # name: (rows fed to the GEMM, top_k, experts, N, K)
+    "ep8_t1_gate_up": (1, 8, 48, 4096, 7168),
+    "ep8_t1_down": (8, 1, 48, 7168, 2048),
+    "ep8_t4_gate_up": (4, 8, 48, 4096, 7168),
     "ep8_t20_gate_up": (20, 8, 48, 4096, 7168),
     "ep8_t20_down": (160, 1, 48, 7168, 2048),
     "ep8_t256_gate_up": (256, 8, 48, 4096, 7168),
@@ -30,18 +33,22 @@ CASES = {
 
 
 def candidates():
+    """(bm, bn, warps, stages, swap, split_k). Split-K only for the decode tiles, where the grid
+    is thin (EP8 1 token: 8 experts x N/bn programs)."""
     stages = int(os.environ.get("SWEEP_STAGES", "3"))
     for bm, bn, warps, swap in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (True, False)):
         if not swap and bm < 64:  # measured: 3-4x slower than swap-AB at these M tiles
             continue
-        yield bm, bn, warps, stages, swap
+        yield bm, bn, warps, stages, swap, 1
+    for bm, bn, warps, split in itertools.product((16, 32), (64, 128, 256), (4, 8), (2, 4)):
+        yield bm, bn, warps, stages, True, split
 
 
 def _cfg(cfg_s):
     from lowbit.kernels.w4a16_core import W4A16Config as W4A16IndexedConfig
 
-    bm, bn, warps, stages, swap = (int(x) for x in cfg_s.split(","))
-    return W4A16IndexedConfig(bm, bn, warps, stages, bool(swap))
+    bm, bn, warps, stages, swap, split = (int(x) for x in cfg_s.split(","))
+    return W4A16IndexedConfig(bm, bn, warps, stages, bool(swap), split_k=split)
 
 
 def child_check(cfg_s: str) -> None:
@@ -155,11 +162,11 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"rows": rows, "failed": bad}, f)
-    print("\nbest passing config per case (bm,bn,warps,stages,swap):")
+    print("\nbest passing config per case (bm,bn,warps,stages,swap,split_k):")
     for name in cases:
         rs = sorted((r for r in rows if r["case"] == name), key=lambda r: r["us"])
         for r in rs[:3]:
-            print(f"{name:20s} {r['cfg']:14s} {r['us']:8.1f} us {r['tbps']:5.2f} TB/s ({100 * r['bw']:4.1f}% BW) {r['tflops']:6.1f} TFLOP/s")
+            print(f"{name:20s} {r['cfg']:16s} {r['us']:8.1f} us {r['tbps']:5.2f} TB/s ({100 * r['bw']:4.1f}% BW) {r['tflops']:6.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -168,3 +168,40 @@ def test_heuristics_memo_env_overrides_and_show_config(monkeypatch):
     assert w4a16_indexed_config(2048, 48, 4096, 7168).block_m == 64  # prefill tile
     res = subprocess.run([sys.executable, "-m", "lowbit", "show-config"], capture_output=True, text=True)
     assert res.returncode == 0 and "EP8 20 tok gate_up" in res.stdout and "block_m=16" in res.stdout
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_k_matches_reference_and_leaves_unrouted_rows(split, gen, device):
+    """Split-K (LOWBIT_W4A16_SPLIT_K): FP32 shares reduced in a fixed order; with 3 shares of
+    2 K tiles one program has an empty range. Remote/dropped routes keep the poison."""
+    from dataclasses import replace
+
+    e = 5
+    wq, pw, a, ids = _problem(e, 72, 512, 9, 2, gen, device)
+    ids.view(-1)[::4] = -1
+    tw = random_topk_weights(9, 2, generator=gen).to(device)
+    r = routing.moe_align_block_size(ids, 16, e)
+    cfg = replace(w4a16_indexed_config(ids.numel(), e, pw.n, pw.k, block_m=16), split_k=split)
+    out = poison_(torch.empty(ids.numel(), pw.n, dtype=torch.bfloat16, device=device))
+    w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
+                  topk_weights=tw, out=out, config=cfg)
+    ref = reference.w4a16_indexed_ref(a.cpu(), wq, r.sorted_token_ids.cpu(), r.expert_ids.cpu(),
+                                      r.num_tokens_post_padded.cpu(), 2, tw.cpu())
+    dropped = (ids.flatten() < 0).cpu()
+    assert (out.cpu()[dropped].float() > 1e30).all()
+    assert_close(out.cpu()[~dropped].float(), ref[~dropped], "bf16_out", f"split_k={split}")
+
+
+def test_split_k_is_indexed_only(gen, device):
+    from dataclasses import replace
+
+    from lowbit.kernels.w4a16_grouped import contiguous
+
+    wq = INT4.quantize(torch.randn(2, 32, 256, generator=gen) * 0.05)
+    pc = pack_w4a16(wq, profile="contiguous").to(device)
+    a2 = torch.randn(128, 256, generator=gen).to(torch.bfloat16).to(device)
+    m_idx = torch.zeros(128, dtype=torch.int32, device=device)
+    from lowbit.kernels.w4a16_core import tile_config
+
+    with pytest.raises(ValueError, match="split-K"):
+        contiguous(a2, pc, m_idx, config=replace(tile_config(64, "t"), split_k=2))

@@ -397,7 +397,7 @@ def _down_kernel(
                 e64 = e.to(tl.int64)
                 if FMT == 0:  # the W4A16 main loop, tokens on the MMA's N side
                     part = w4a16_tile(act_ptr, a_row, has, stride_am, w_ptr, s_ptr, e64, rh, h_ok,
-                                      stride_we, stride_wn, stride_se, stride_sg, I, TOKENS, BLOCK_H, True)
+                                      stride_we, stride_wn, stride_se, stride_sg, I, 0, tl.cdiv(I, 256), TOKENS, BLOCK_H, True)
                 else:
                     w_rows = w_ptr + e64 * stride_we + rh[:, None].to(tl.int64) * stride_wn
                     s_rows = s_ptr + e64 * stride_se + rh.to(tl.int64) * stride_sn

@@ -25,10 +25,12 @@ __all__ = ["W4A16Config", "w4a16_tile", "VALIDATED_TILES", "apply_env_overrides"
 
 @triton.jit
 def w4a16_tile(a_ptr, a_row, row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
-               stride_qe, stride_qn, stride_se, stride_sk, K,
+               stride_qe, stride_qn, stride_se, stride_sk, K, kt_lo, kt_hi,
                BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr):
     """FP32 ``[BM, BN]``: rows `a_row` (int64 ``[BM]``, masked by `row_ok`) of A (bf16, row
-    stride `stride_am`) times expert `e`'s dequantized weight rows `rn` (masked by `n_ok`)."""
+    stride `stride_am`) times expert `e`'s dequantized weight rows `rn` (masked by `n_ok`),
+    summed over the 256-wide K tiles ``kt_lo <= kt < kt_hi`` (all of K: ``0, cdiv(K, 256)``;
+    a split-K share otherwise)."""
     j = tl.arange(0, 32)
     qw_rows = qw_ptr + e * stride_qe + rn[:, None].to(tl.int64) * stride_qn + j[None, :]
     s_rows = s_ptr + e * stride_se + rn
@@ -37,7 +39,7 @@ def w4a16_tile(a_ptr, a_row, row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
         acc = tl.zeros([BN, BM], tl.float32)
     else:
         acc = tl.zeros([BM, BN], tl.float32)
-    for kt in range(0, tl.cdiv(K, 256)):
+    for kt in range(kt_lo, kt_hi):
         words = tl.load(qw_rows + kt * 32, mask=n_ok[:, None], other=0)
         for i in tl.static_range(4):
             # one shift serves two groups: i (low half-word) and i + 4 (high half-word)
@@ -62,13 +64,15 @@ def w4a16_tile(a_ptr, a_row, row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
 @dataclass(frozen=True)
 class W4A16Config:
     """Launch choice of a W4A16 kernel: the M tile (for the indexed family also the routing
-    block size), the N tile, warps, pipeline stages, whether the weight is the MMA's M side."""
+    block size), the N tile, warps, pipeline stages, whether the weight is the MMA's M side,
+    and split-K (indexed family only: K shares summed in FP32 by a second kernel)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     swap_ab: bool
+    split_k: int = 1
     reason: str = ""
 
 
@@ -93,7 +97,7 @@ VALIDATED_TILES: dict[int, tuple[int, int, int, bool]] = {
 #: for the spill-free 16x64 tile, same sweep); every other tile must not spill.
 ALLOWED_SPILL_BYTES: dict[int, int] = {16: 256}
 
-_OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab")
+_OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k")
 
 
 def override_names(family: str) -> list[str]:
@@ -114,7 +118,7 @@ def tile_config(block_m: int, why: str) -> W4A16Config:
     if block_m not in VALIDATED_TILES:
         raise ValueError(f"no GPU-validated W4A16 tile with block_m={block_m}; one of {sorted(VALIDATED_TILES)}")
     bn, warps, stages, swap = VALIDATED_TILES[block_m]
-    return W4A16Config(block_m, bn, warps, stages, swap, why)
+    return W4A16Config(block_m, bn, warps, stages, swap, reason=why)
 
 
 def compile_configs_for(fn, signature: dict, name: str, extra_constexprs: list[dict], unaligned: tuple[str, ...]):

@@ -56,7 +56,7 @@ def _w4a16_contiguous_kernel(
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     acc = w4a16_tile(a_ptr, rm.to(tl.int64), row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
-                     stride_qe, stride_qn, stride_se, stride_sk, K, BM, BN, SWAP_AB)
+                     stride_qe, stride_qn, stride_se, stride_sk, K, 0, tl.cdiv(K, 256), BM, BN, SWAP_AB)
     c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
     tl.store(c, numerics.to_bf16(acc), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -79,7 +79,7 @@ def _w4a16_masked_kernel(
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
     acc = w4a16_tile(a_ptr, rows, row_ok, stride_am, qw_ptr, s_ptr, g.to(tl.int64), rn, n_ok,
-                     stride_qe, stride_qn, stride_se, stride_sk, K, BM, BN, SWAP_AB)
+                     stride_qe, stride_qn, stride_se, stride_sk, K, 0, tl.cdiv(K, 256), BM, BN, SWAP_AB)
     c = c_ptr + rows[:, None] * stride_cm + rn[None, :]
     tl.store(c, numerics.to_bf16(acc), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -172,6 +172,8 @@ def contiguous(
         raise ValueError(f"m={m} is not a multiple of {CONTIGUOUS_ALIGNMENT}: pad every expert segment to 128 rows")
     if config is None:
         config = w4a16_grouped_config("contiguous", m, w.n, w.k, w.num_experts)
+    if config.split_k != 1:
+        raise ValueError("split-K is implemented for the indexed W4A16 kernel only")
     if CONTIGUOUS_ALIGNMENT % config.block_m:
         raise ValueError(f"contiguous needs block_m dividing {CONTIGUOUS_ALIGNMENT}, got {config.block_m}")
     out = _check_out(out, m, w.n, a2.device)
@@ -228,6 +230,8 @@ def masked(
         raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
     if config is None:
         config = w4a16_grouped_config("masked", g * max_m, w.n, w.k, g, expected_m)
+    if config.split_k != 1:
+        raise ValueError("split-K is implemented for the indexed W4A16 kernel only")
     out = _check_out(out, g * max_m, w.n, a3.device)
     if max_m == 0:
         return out

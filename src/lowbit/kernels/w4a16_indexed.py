@@ -46,8 +46,9 @@ W4A16IndexedConfig = W4A16Config  # block_m is also the routing block size
 def _w4a16_indexed_kernel(
     a_ptr, qw_ptr, s_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k,
-    stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
+    stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm, stride_ws,
     BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -62,12 +63,49 @@ def _w4a16_indexed_kernel(
     a_row = tl.where(valid, ids // top_k, 0).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
     n_ok = rn < N
-    acc = w4a16_tile(a_ptr, a_row, valid, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
-                     stride_qe, stride_qn, stride_se, stride_sk, K, BM, BN, SWAP_AB)
+    k_tiles = tl.cdiv(K, 256)
+    if SPLIT_K == 1:
+        acc = w4a16_tile(a_ptr, a_row, valid, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                         stride_qe, stride_qn, stride_se, stride_sk, K, 0, k_tiles, BM, BN, SWAP_AB)
+    else:
+        # this program's share of the K tiles (possibly empty: it then stores zeros)
+        per = tl.cdiv(k_tiles, SPLIT_K)
+        kt_lo = tl.program_id(2) * per
+        kt_hi = tl.minimum(kt_lo + per, k_tiles)
+        acc = w4a16_tile(a_ptr, a_row, valid, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                         stride_qe, stride_qn, stride_se, stride_sk, K, kt_lo, kt_hi, BM, BN, SWAP_AB)
     if MUL_WEIGHT:
         acc = acc * tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
+    mask = valid[:, None] & n_ok[None, :]
     c = c_ptr + ids[:, None].to(tl.int64) * stride_cm + rn[None, :]
-    tl.store(c, numerics.to_bf16(acc), mask=valid[:, None] & n_ok[None, :])
+    if SPLIT_K == 1:
+        tl.store(c, numerics.to_bf16(acc), mask=mask)
+    else:  # c_ptr is the FP32 workspace [SPLIT_K, M * top_k, N]
+        tl.store(c + tl.program_id(2).to(tl.int64) * stride_ws, acc, mask=mask)
+
+
+@triton.jit
+def _w4a16_indexed_splitk_reduce_kernel(
+    ws_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, N, num_routes, stride_ws, stride_wm, stride_cm,
+    BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """``out[id] = bf16(sum_s ws[s, id])`` over exactly the rows the main kernel wrote (same
+    block walk, same early exits), so unrouted rows of `out` stay untouched."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BM >= tl.load(ntpp_ptr):
+        return
+    if tl.load(expert_ids_ptr + pid_m) < 0:
+        return
+    ids = tl.load(sorted_ids_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = ids < num_routes
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = valid[:, None] & (rn < N)[None, :]
+    rows = ids[:, None].to(tl.int64)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
+        acc += tl.load(ws_ptr + s * stride_ws + rows * stride_wm + rn[None, :], mask=mask, other=0.0)
+    tl.store(c_ptr + rows * stride_cm + rn[None, :], numerics.to_bf16(acc), mask=mask)
 
 
 # --------------------------------------------------------------------------- heuristics
@@ -112,7 +150,8 @@ def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, bloc
 def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int) -> str:
     c = w4a16_indexed_config(num_routes, num_experts, n, k)
     return (f"w4a16_indexed M*top_k={num_routes} E={num_experts} N={n} K={k}: block_m={c.block_m} "
-            f"block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} -- {c.reason}")
+            f"block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} "
+            f"-- {c.reason}")
 
 
 # --------------------------------------------------------------------------- launcher
@@ -164,24 +203,53 @@ def w4a16_indexed(
         out = torch.empty(num_routes, w.n, dtype=torch.bfloat16, device=a.device)
     elif out.dtype != torch.bfloat16 or tuple(out.shape) != (num_routes, w.n) or out.stride(1) != 1:
         raise ValueError(f"out must be bf16 [{num_routes}, {w.n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
-    grid = (expert_ids.numel(), triton.cdiv(w.n, config.block_n))
-    _w4a16_indexed_kernel[grid](
-        a, w.qweight, w.scales, out, sorted_ids, expert_ids, num_tokens_post_padded,
+    if config.split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    n_tiles = triton.cdiv(w.n, config.block_n)
+    split = config.split_k
+    # split-K: FP32 shares in a workspace, summed (in a fixed order) by a second kernel
+    dst = out if split == 1 else torch.empty(split, num_routes, w.n, dtype=torch.float32, device=a.device)
+    _w4a16_indexed_kernel[(expert_ids.numel(), n_tiles, split)](
+        a, w.qweight, w.scales, dst, sorted_ids, expert_ids, num_tokens_post_padded,
         topk_weights if topk_weights is not None else a,
         w.n, w.k, num_routes, top_k,
-        a.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1), out.stride(0),
+        a.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1),
+        dst.stride(-2), dst.stride(0) if split > 1 else 0,
         BM=config.block_m, BN=config.block_n, SWAP_AB=config.swap_ab, MUL_WEIGHT=topk_weights is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if split > 1:
+        _w4a16_indexed_splitk_reduce_kernel[(expert_ids.numel(), n_tiles)](
+            dst, out, sorted_ids, expert_ids, num_tokens_post_padded, w.n, num_routes,
+            dst.stride(0), dst.stride(1), out.stride(0),
+            BM=config.block_m, BN=config.block_n, SPLIT_K=split, num_warps=4,
+        )
     return out
 
 
 def compile_configs():
-    """Every configuration the heuristics can pick, for the compile tier."""
+    """Every configuration the heuristics can pick, plus the split-K path (reachable through
+    ``LOWBIT_W4A16_SPLIT_K``; not yet picked by the heuristics: no GPU measurement yet)."""
+    from .compile_tier import KernelConfig
+
     sig = {"a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
            "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32",
            "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
            "stride_am": "i32", "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32",
-           "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr", "MUL_WEIGHT": "constexpr"}
-    return compile_configs_for(_w4a16_indexed_kernel, sig, "w4a16_indexed",
-                               [{"MUL_WEIGHT": False}, {"MUL_WEIGHT": True}], ("num_routes", "top_k"))
+           "stride_cm": "i32", "stride_ws": "i32",
+           "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr", "MUL_WEIGHT": "constexpr",
+           "SPLIT_K": "constexpr"}
+    cfgs = compile_configs_for(_w4a16_indexed_kernel, sig, "w4a16_indexed",
+                               [{"MUL_WEIGHT": False, "SPLIT_K": 1}, {"MUL_WEIGHT": True, "SPLIT_K": 1}],
+                               ("num_routes", "top_k"))
+    sig_split = {**sig, "c_ptr": "*fp32"}
+    cfgs += compile_configs_for(_w4a16_indexed_kernel, sig_split, "w4a16_indexed_splitk",
+                                [{"MUL_WEIGHT": False, "SPLIT_K": 4}], ("num_routes", "top_k"))
+    red_sig = {"ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+               "ntpp_ptr": "*i32", "N": "i32", "num_routes": "i32", "stride_ws": "i32", "stride_wm": "i32",
+               "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr", "SPLIT_K": "constexpr"}
+    for bm, (bn, _, _, _) in VALIDATED_TILES.items():
+        cfgs.append(KernelConfig(f"w4a16_indexed_splitk_reduce[BM={bm},BN={bn}]", _w4a16_indexed_splitk_reduce_kernel,
+                                 red_sig, {"BM": bm, "BN": bn, "SPLIT_K": 4}, num_warps=4,
+                                 unaligned=("num_routes",)))
+    return cfgs
