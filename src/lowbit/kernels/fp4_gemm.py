@@ -76,6 +76,7 @@ from .fp8_gemm import (
     num_sms,
     scales_fp32,
     split_k_for,
+    store_block_scaled_tile,
 )
 from .tuning import apply_env_overrides, env_key, override_names
 
@@ -229,15 +230,7 @@ def _fp4_gemm_kernel(
             e = tl.load(bs_rows + ks * stride_bsk, mask=n_ok, other=0).to(tl.int32)
             w = _unpack_e4m3(byt, 0, True, BN, 32)
             acc = _scaled_product(a, w, acc, sa, _e8m0_to_fp32(e), SWAP_AB, BM, BN)
-    if SWAP_AB:
-        acc = tl.trans(acc)
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_OUT:
-        ws = c_ptr + pid_k.to(tl.int64) * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
-        tl.store(ws, acc, mask=mask)
-    else:
-        c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
-        tl.store(c, numerics.to_bf16(acc), mask=mask)
+    store_block_scaled_tile(c_ptr, acc, rm, rn, m_ok, n_ok, pid_k, stride_cm, stride_cs, SWAP_AB, SPLIT_OUT)
 
 
 # --------------------------------------------------------------------------- configuration

@@ -71,6 +71,22 @@ _FP8 = torch.float8_e4m3fn
 
 # --------------------------------------------------------------------------- kernels
 @triton.jit
+def store_block_scaled_tile(c_ptr, acc, rm, rn, m_ok, n_ok, pid_k, stride_cm, stride_cs,
+                            SWAP_AB: tl.constexpr, SPLIT_OUT: tl.constexpr):
+    """Epilogue of the FP8 and FP4 GEMMs: the FP32 tile (transposed back if SWAP_AB) to the
+    split-K workspace share `pid_k`, or rounded once to bf16 into the output."""
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_OUT:
+        ws = c_ptr + pid_k.to(tl.int64) * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+        tl.store(ws, acc, mask=mask)
+    else:
+        c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+        tl.store(c, numerics.to_bf16(acc), mask=mask)
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr,
     M, N, K, steps_per_split,
@@ -108,15 +124,7 @@ def _fp8_gemm_kernel(
         else:
             blk = numerics.dot(a, tl.trans(b), tl.zeros([BM, BN], tl.float32))
             acc += blk * (sa * sb)[:, None]
-    if SWAP_AB:
-        acc = tl.trans(acc)
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_OUT:
-        ws = c_ptr + pid_k.to(tl.int64) * stride_cs + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
-        tl.store(ws, acc, mask=mask)
-    else:
-        c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
-        tl.store(c, numerics.to_bf16(acc), mask=mask)
+    store_block_scaled_tile(c_ptr, acc, rm, rn, m_ok, n_ok, pid_k, stride_cm, stride_cs, SWAP_AB, SPLIT_OUT)
 
 
 @triton.jit
