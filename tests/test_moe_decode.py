@@ -230,10 +230,13 @@ def test_heuristics_memo_and_env_overrides(monkeypatch):
 def test_compile_configs_cover_every_heuristic_choice():
     names = [c.name for c in md.compile_configs()]
     assert len(names) == len(set(names))
-    for c in md._production_configs():
-        for fmt in ("int4", "mxfp8"):
-            assert any(n.startswith(f"moe_decode_gate_up[{fmt},{c.engine},BI={c.block_i},T={c.tokens},") for n in names)
-            assert any(n.startswith(f"moe_decode_down[{fmt},{c.engine},BH={c.block_h},T={c.tokens},") for n in names)
+    fmts = set()
+    for fmt, c in md._production_configs():
+        fmts.add(fmt)
+        tail = f"T={c.tokens},w={c.num_warps},s={c.num_stages}]"
+        assert f"moe_decode_gate_up[{fmt},{c.engine},BI={c.block_i},{tail}" in names
+        assert f"moe_decode_down[{fmt},{c.engine},BH={c.block_h},{tail}" in names
+    assert fmts == {"int4", "mxfp8"}
 
 
 @pytest.mark.gpu

@@ -8,6 +8,11 @@ magnitude ~10), FMA contraction of ``x * scale + base`` on the GPU and the order
 sums. pre / post see one exp: 1 ulp-level (measured <= 2.5e-7 on the interpreter). comb goes
 through a softmax and 39 normalizations whose errors partly cancel: measured <= 1.2e-6 on the
 interpreter (the FP32 reference itself is ~3e-6 from a float64 evaluation).
+On the GPU the rounding of ``x * log2(e)`` before ``ex2.approx`` is relative to the
+*argument*: an absolute exponent error of ~|x| * 2^-24, i.e. a relative error of the exp
+~|x| * 6e-8. The extreme-logit case feeds |x| up to ~70 (logits x 40 x scale 1.5), so pre /
+post are ~4e-6 from that plus 2 ulp of ex2.approx: measured 5.3e-6 on the H200 (2026-11-29):
+budget 1e-5.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from lowbit.reference.sinkhorn import hc_split_sinkhorn_ref
 from lowbit.testing import interpreter_active
 
 #: max elementwise relative error budgets (module docstring)
-TOL = {"pre_post": 1e-6, "comb": 4e-6} if interpreter_active() else {"pre_post": 4e-6, "comb": 1e-5}
+TOL = {"pre_post": 1e-6, "comb": 4e-6} if interpreter_active() else {"pre_post": 1e-5, "comb": 1e-5}
 
 
 def _inputs(n_shape, hc, gen, logit_scale=1.0):

@@ -202,7 +202,8 @@ def _show_config_sections():
         (f"EP8 masked {t} tok/expert {p}", w4a16_grouped.explain_w4a16_grouped_config("masked", 48 * 256, n, k, 48, t))
         for t in (8, 16, 32, 64) for p, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048))]
     yield "moe_decode", moe_decode.ENV_OVERRIDES, [
-        (f"EP8 {m} tok", moe_decode.explain_moe_decode_config(m, 8, 48, 7168, 2048)) for m in (1, 2, 4, 8, 16, 32)]
+        (f"EP8 {m} tok {fmt}", moe_decode.explain_moe_decode_config(m, 8, 48, 7168, 2048, fmt))
+        for fmt in ("int4", "mxfp8") for m in (1, 2, 4, 8, 16, 32)]
     yield "fp8_gemm", fp8_gemm.ENV_OVERRIDES, [
         (f"M={m} N={n} K={k}", fp8_gemm.explain_fp8_gemm_config(m, n, k))
         for m in (16, 128, 4096) for n, k in ((2304, 5120), (5120, 2304))]

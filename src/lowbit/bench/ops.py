@@ -462,7 +462,7 @@ class DecodeLowbit(_DecodeBase):
         else:
             w13, w2 = i["w13"], i["w2"]
         hidden, ids, tw = i["hidden"], i["topk_ids"], i["topk_weights"]
-        cfg = moe_decode_config(hidden.shape[0], ids.shape[1], w13.num_experts, w13.k, w13.n // 2)
+        cfg = moe_decode_config(hidden.shape[0], ids.shape[1], w13.num_experts, w13.k, w13.n // 2, i["fmt"])
         self._config = _cfg_dict(cfg)
         out = torch.empty(hidden.shape, dtype=torch.bfloat16, device=hidden.device)
         self._call = lambda: moe_decode(hidden, ids, tw, w13, w2, out=out, config=cfg)

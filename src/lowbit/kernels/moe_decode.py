@@ -53,9 +53,12 @@ FP32 summation order):
   ``sum_j w[t, j] [topk_ids[t, j] == e]`` into the accumulator of token t (INT4 runs the
   W4A16 main loop `w4a16_core.w4a16_tile` there, tokens on the MMA's N side).
 
-Nothing here has run on a GPU yet: the kernels are checked under the Triton interpreter and
-compiled for sm_90a by the compile tier; their speed is not yet measured on the H200, and the
-configuration table below is derived from the byte model, not from measurements.
+Status (H200, 2026-11-29): correct on the GPU (tests incl. CUDA-graph replay), tiles and the
+engine switch measured (`_TILES`, `_ENGINES`), but far from the read-bandwidth target: the
+Kimi EP8 INT4 layer takes 164 us at M=1 (27% of 4.50 TB/s on the bytes of the experts hit;
+Humming's indexed path 103 us) and falls further behind as M grows (docs/performance.md).
+The fma engine is issue-bound rather than memory-bound (the dequantized pair is widened to FP32
+and multiplied lane by lane); the dot engine runs many tiny K=32 products per 256-wide step.
 """
 
 from __future__ import annotations
@@ -476,22 +479,32 @@ class DecodeConfig:
 
 
 #: The engine by expected routes per expert hit, ``M*k / (E * (1 - (1 - k/E)**M))`` (Kimi EP8:
-#: 1.00, 1.14, 1.28, 1.68, 2.84, 5.33 at M = 1, 2, 4, 8, 16, 32). The first row that fits.
-#: Derived from the byte model (each hit expert's rows read once on the dot engine, once per
-#: route on the fma engine); not yet measured on the H200.
+#: 1.00, 1.09, 1.29, 1.74, 2.82, 5.35 at M = 1, 2, 4, 8, 16, 32). The first row that fits.
+#: Measured on the H200 (2026-11-29, INT4 Kimi EP8 layer, CUDA-graph replay, L2 flushed;
+#: `scripts/config_sweep.py`): M=4 (1.29) fma 530.9 us vs the best dot tile 600.7 us; M=8
+#: (1.74) dot 800.3 us vs fma 1003.3 us: the switch sits between. MXFP8 not measured there.
 _ENGINES = (
     # (max routes per hit expert, engine, why)
-    (1.2, "fma", "~1 route per expert: nothing to share, the seed's one-output-per-unit FMA decode"),
-    (float("inf"), "dot", "experts shared by several tokens: weight rows read once for all of them"),
+    (1.5, "fma", "< 1.5 routes per hit expert: little to share, the seed's one-output-per-unit FMA decode "
+                 "(H200: fma 531 us vs dot 601 us at Kimi EP8 M=4)"),
+    (float("inf"), "dot", "experts shared by several tokens: weight rows read once for all of them "
+                          "(H200: dot 800 us vs fma 1003 us at Kimi EP8 M=8)"),
 )
 
-#: Tiles per engine (not yet measured on the H200; chosen so one program streams 2 x 16 or
-#: 64 rows x 128 bytes per INT4 K step with 16-byte loads, and the grid has >= 2 programs per
-#: SM at Kimi EP8 M=1): engine -> (block_i, block_h, num_warps, num_stages)
+#: Tiles per (engine, weight format): (block_i, block_h, num_warps, num_stages, provenance).
+#: H200 sweep, 2026-11-29, Kimi EP8 layer (gate_up + down), CUDA-graph replay, L2 flushed:
 _TILES = {
-    "fma": (16, 16, 4, 2),
-    "dot": (64, 32, 4, 2),
+    # INT4 fma, M=1 / M=2: 64/64/8w 163.7 / 258.7 us; 16/16/4w 169.2 / 291.1; 32/32/4w 186.3 / 277.6
+    ("fma", "int4"): (64, 64, 8, 2, "H200 M=1: 163.7 us (16x16 tiles: 169.2)"),
+    # MXFP8 fma, M=1: 16/16/2w 176.7 us; 32/32/4w 200.5; 64/64/8w 244.4; 16/16/4w 254.5
+    ("fma", "mxfp8"): (16, 16, 2, 2, "H200 M=1: 176.7 us (16x16 with 4 warps: 254.5)"),
+    # INT4 dot, M=4 / 8 / 32: 64/64/4w/3s 600.7 / 800.3 / 1285.1 us; 64/32/4w/2s 722.8 / 966.0 /
+    # 1828.8; 128/64/8w 729.8 / 957.9 / 1744.9; 32/32/4w 834.0 / 1114.9 / 2227.7
+    ("dot", "int4"): (64, 64, 4, 3, "H200 M=8: 800.3 us (64x32 2-stage: 966.0)"),
+    # MXFP8 dot, M=8: 64/32/4w/2s 1167.6 us; 64/64/4w/3s 1390.3; 32/32 1382.7; 128/64/8w 1703.3
+    ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
 }
+_WEIGHT_FORMATS = ("int4", "mxfp8")
 
 _ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages")
 #: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot),
@@ -529,36 +542,42 @@ def _validate_config(cfg: DecodeConfig) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int, env: tuple) -> DecodeConfig:
+def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int, fmt: str, env: tuple) -> DecodeConfig:
+    if fmt not in _WEIGHT_FORMATS:
+        raise ValueError(f"moe_decode weight format must be one of {_WEIGHT_FORMATS}, got {fmt!r}")
     rpe = _routes_per_hit_expert(m, top_k, num_experts)
     env_vals = dict(zip(_ENV_FIELDS, env))
     if env_vals["engine"]:
         engine, why = env_vals["engine"].lower(), f"LOWBIT_DECODE_ENGINE={env_vals['engine']}"
     else:
         _, engine, why = next(row for row in _ENGINES if rpe <= row[0])
-    if engine not in _TILES:
+    if (engine, fmt) not in _TILES:
         raise ValueError(f"LOWBIT_DECODE_ENGINE must be 'fma' or 'dot', got {env_vals['engine']!r}")
-    block_i, block_h, warps, stages = _TILES[engine]
+    block_i, block_h, warps, stages, measured = _TILES[engine, fmt]
     # dot: 16 tokens per program covers M <= 16 in one pass over the hit experts; beyond, 32
     tokens = 1 if engine == "fma" else (16 if m <= 16 else 32)
     cfg = DecodeConfig(engine, block_i, block_h, tokens, warps, stages,
-                       f"M={m} k={top_k} E={num_experts}: {rpe:.2f} routes/hit expert: {why}")
+                       f"M={m} k={top_k} E={num_experts}: {rpe:.2f} routes/hit expert: {why}; "
+                       f"{fmt} {engine} tile {measured}")
     # the engine override was applied above (it picks the tile row); the others on top of it
     cfg = tuning.apply_env_overrides(cfg, "DECODE", _ENV_FIELDS[1:])
     _validate_config(cfg)
     return cfg
 
 
-def moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int) -> DecodeConfig:
+def moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int,
+                      fmt: str = "int4") -> DecodeConfig:
     """The launch configuration for `m` tokens routed top-`top_k` over `num_experts` experts of
-    hidden size `hidden` and intermediate size `inter`. Memoized per shape and per value of the
-    ``LOWBIT_DECODE_*`` overrides (`ENV_OVERRIDES`), so the host side costs a dict lookup."""
-    return _config_cached(m, top_k, num_experts, hidden, inter, _env_key())
+    hidden size `hidden` and intermediate size `inter`, weights in `fmt` (``"int4"`` or
+    ``"mxfp8"``). Memoized per shape and per value of the ``LOWBIT_DECODE_*`` overrides
+    (`ENV_OVERRIDES`), so the host side costs a dict lookup."""
+    return _config_cached(m, top_k, num_experts, hidden, inter, fmt, _env_key())
 
 
-def explain_moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int) -> str:
-    c = moe_decode_config(m, top_k, num_experts, hidden, inter)
-    return (f"moe_decode M={m} k={top_k} E={num_experts} H={hidden} I={inter}: engine={c.engine} "
+def explain_moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int,
+                              fmt: str = "int4") -> str:
+    c = moe_decode_config(m, top_k, num_experts, hidden, inter, fmt)
+    return (f"moe_decode {fmt} M={m} k={top_k} E={num_experts} H={hidden} I={inter}: engine={c.engine} "
             f"block_i={c.block_i} block_h={c.block_h} tokens={c.tokens} warps={c.num_warps} "
             f"stages={c.num_stages} -- {c.reason}")
 
@@ -628,9 +647,14 @@ def _check_weights_pair(w13, w2) -> tuple[int, int, int]:
     return e, h, inter
 
 
-def _pick_config(config, m, top_k, e, h, inter) -> DecodeConfig:
+def _weight_format(w) -> str:
+    """``"int4"`` or ``"mxfp8"``: the heuristics' name of a prepared weight's format."""
+    return "mxfp8" if isinstance(w, Mxfp8ExpertWeight) else "int4"
+
+
+def _pick_config(config, m, top_k, e, h, inter, fmt: str) -> DecodeConfig:
     if config is None:
-        return moe_decode_config(m, top_k, e, h, inter)
+        return moe_decode_config(m, top_k, e, h, inter, fmt)
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     _validate_config(config)
@@ -666,7 +690,7 @@ def moe_decode_gate_up(
     if codes.device != hidden.device:
         raise ValueError(f"w13 is on {codes.device}, hidden on {hidden.device}")
     e = w13.num_experts
-    config = _pick_config(config, m, top_k, e, h, inter)
+    config = _pick_config(config, m, top_k, e, h, inter, "int4" if fmt == _FMT_INT4 else "mxfp8")
     if out is None:
         out = torch.empty(m, top_k, inter, dtype=torch.bfloat16, device=hidden.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
@@ -718,7 +742,7 @@ def moe_decode_down(
     if codes.device != act.device:
         raise ValueError(f"w2 is on {codes.device}, act on {act.device}")
     e = w2.num_experts
-    config = _pick_config(config, m, top_k, e, h, inter)
+    config = _pick_config(config, m, top_k, e, h, inter, "int4" if fmt == _FMT_INT4 else "mxfp8")
     if out is None:
         out = torch.empty(m, h, dtype=torch.bfloat16, device=act.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
@@ -763,7 +787,7 @@ def moe_decode(
     m = hidden.shape[0]
     top_k = _check_routing(topk_ids, topk_weights, m, hidden.device)
     if config is None:
-        config = moe_decode_config(m, top_k, w13.num_experts, w13.k, w13.n // 2)
+        config = moe_decode_config(m, top_k, w13.num_experts, w13.k, w13.n // 2, _weight_format(w13))
     act = moe_decode_gate_up(hidden, topk_ids, w13, config=config)
     return moe_decode_down(act, topk_ids, topk_weights, w2, out=out, config=config)
 
@@ -791,13 +815,15 @@ _DOWN_SIG = {
 _FMT_PTRS = {_FMT_INT4: ("*i32", "*bf16"), _FMT_MXFP8: ("*fp8e4nv", "*u8")}
 
 
-def _production_configs() -> list[DecodeConfig]:
-    """Every configuration `moe_decode_config` picks for the production shapes (no overrides)."""
-    seen: dict[tuple, DecodeConfig] = {}
+def _production_configs() -> list[tuple[str, DecodeConfig]]:
+    """Every (format, configuration) `moe_decode_config` picks for the production shapes (no
+    overrides)."""
+    seen: dict[tuple, tuple[str, DecodeConfig]] = {}
     for _, e, h, inter, k in _PRODUCTION_SHAPES:
         for m in _PRODUCTION_BATCHES:
-            c = _config_cached(m, k, e, h, inter, ("",) * len(ENV_OVERRIDES))
-            seen.setdefault((c.engine, c.block_i, c.block_h, c.tokens, c.num_warps, c.num_stages), c)
+            for fmt in _WEIGHT_FORMATS:
+                c = _config_cached(m, k, e, h, inter, fmt, ("",) * len(ENV_OVERRIDES))
+                seen.setdefault((fmt, c.engine, c.block_i, c.block_h, c.tokens, c.num_warps, c.num_stages), (fmt, c))
     return list(seen.values())
 
 
@@ -808,29 +834,29 @@ def compile_configs():
 
     out = []
     gate_up_done, down_done = set(), set()
-    for cfg in _production_configs():
+    for fname, cfg in _production_configs():
         dot = cfg.engine == "dot"
-        for fmt, fname in ((_FMT_INT4, "int4"), (_FMT_MXFP8, "mxfp8")):
-            w_t, s_t = _FMT_PTRS[fmt]
-            # the MMA instruction: wgmma when the weight (M) side is >= 64 rows, mma.sync below
-            gu_sass = (("HGMMA",) if cfg.block_i >= 64 else ("HMMA",)) if dot else ()
-            dn_sass = (("HGMMA",) if cfg.block_h >= 64 else ("HMMA",)) if dot else ()
-            gkey = (fmt, cfg.engine, cfg.block_i, cfg.tokens, cfg.num_warps, cfg.num_stages)
-            if gkey not in gate_up_done:
-                gate_up_done.add(gkey)
-                out.append(KernelConfig(
-                    f"moe_decode_gate_up[{fname},{cfg.engine},BI={cfg.block_i},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
-                    _gate_up_kernel, {**_GATE_UP_SIG, "w_ptr": w_t, "s_ptr": s_t},
-                    {"FMT": fmt, "DOT": dot, "BLOCK_I": cfg.block_i, "TOKENS": cfg.tokens, "ROUTE_CHUNK": _ROUTE_CHUNK},
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=gu_sass,
-                    unaligned=("num_routes", "top_k", "stride_sn")))
-            dkey = (fmt, cfg.engine, cfg.block_h, cfg.tokens, cfg.num_warps, cfg.num_stages)
-            if dkey not in down_done:
-                down_done.add(dkey)
-                out.append(KernelConfig(
-                    f"moe_decode_down[{fname},{cfg.engine},BH={cfg.block_h},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
-                    _down_kernel, {**_DOWN_SIG, "w_ptr": w_t, "s_ptr": s_t},
-                    {"FMT": fmt, "DOT": dot, "BLOCK_H": cfg.block_h, "TOKENS": cfg.tokens, "TOPK_P2": 8},
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=dn_sass,
-                    unaligned=("M", "top_k", "stride_sn")))
+        fmt = _FMT_INT4 if fname == "int4" else _FMT_MXFP8
+        w_t, s_t = _FMT_PTRS[fmt]
+        # the MMA instruction: wgmma when the weight (M) side is >= 64 rows, mma.sync below
+        gu_sass = (("HGMMA",) if cfg.block_i >= 64 else ("HMMA",)) if dot else ()
+        dn_sass = (("HGMMA",) if cfg.block_h >= 64 else ("HMMA",)) if dot else ()
+        gkey = (fmt, cfg.engine, cfg.block_i, cfg.tokens, cfg.num_warps, cfg.num_stages)
+        if gkey not in gate_up_done:
+            gate_up_done.add(gkey)
+            out.append(KernelConfig(
+                f"moe_decode_gate_up[{fname},{cfg.engine},BI={cfg.block_i},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
+                _gate_up_kernel, {**_GATE_UP_SIG, "w_ptr": w_t, "s_ptr": s_t},
+                {"FMT": fmt, "DOT": dot, "BLOCK_I": cfg.block_i, "TOKENS": cfg.tokens, "ROUTE_CHUNK": _ROUTE_CHUNK},
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=gu_sass,
+                unaligned=("num_routes", "top_k", "stride_sn")))
+        dkey = (fmt, cfg.engine, cfg.block_h, cfg.tokens, cfg.num_warps, cfg.num_stages)
+        if dkey not in down_done:
+            down_done.add(dkey)
+            out.append(KernelConfig(
+                f"moe_decode_down[{fname},{cfg.engine},BH={cfg.block_h},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
+                _down_kernel, {**_DOWN_SIG, "w_ptr": w_t, "s_ptr": s_t},
+                {"FMT": fmt, "DOT": dot, "BLOCK_H": cfg.block_h, "TOKENS": cfg.tokens, "TOPK_P2": 8},
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=dn_sass,
+                unaligned=("M", "top_k", "stride_sn")))
     return out
