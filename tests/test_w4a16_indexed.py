@@ -166,6 +166,13 @@ def test_heuristics_memo_env_overrides_and_show_config(monkeypatch):
     monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     assert w4a16_indexed_config(160, 48, 4096, 7168) is base
     assert w4a16_indexed_config(2048, 48, 4096, 7168).block_m == 64  # prefill tile
+    # split-K only on the thin one-token EP8 grid (measured faster there, slower at 4 tokens)
+    one_tok = w4a16_indexed_config(8, 48, 4096, 7168)
+    assert one_tok.split_k == 2 and "K shares" in one_tok.reason
+    assert w4a16_indexed_config(32, 48, 4096, 7168).split_k == 1 and base.split_k == 1
+    monkeypatch.setenv("LOWBIT_W4A16_SPLIT_K", "1")
+    assert w4a16_indexed_config(8, 48, 4096, 7168).split_k == 1
+    monkeypatch.delenv("LOWBIT_W4A16_SPLIT_K")
     res = subprocess.run([sys.executable, "-m", "lowbit", "show-config"], capture_output=True, text=True)
     assert res.returncode == 0 and "EP8 20 tok gate_up" in res.stdout and "block_m=16" in res.stdout
 

@@ -18,6 +18,7 @@ the MMA's M side.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import torch
@@ -118,6 +119,17 @@ _M_TILES = (
     (float("inf"), 64, "prefill: 64-row tiles, fastest at EP8 tok_e 43; 128-row tiles measured slower"),
 )
 
+#: K shares by tokens per expert (first row that fits): a thin decode grid (one token: 8 experts
+#: hit x N/256 tiles, about one program per SM) leaves most SMs' bandwidth unused, two K shares
+#: double the programs. H200, 2026-11-29, Kimi EP8 gate_up + down, CUDA-graph replay:
+#: 1 token (tok_e 0.17) 174.4 us -> 154.0 us with 2 shares (4 shares: 161.0); 4 tokens
+#: (tok_e 0.67) 321.7 -> 386.3 us (slower: the grid is already full, the FP32 workspace costs).
+_SPLIT_K = (
+    # (max tok_e, split_k, why)
+    (0.25, 2, "thin decode grid: 2 K shares (H200 EP8 1 token: 174.4 -> 154.0 us)"),
+    (float("inf"), 1, ""),
+)
+
 #: Environment overrides (each is part of the memo key).
 ENV_OVERRIDES = override_names("W4A16")
 
@@ -135,7 +147,9 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                 f"no W4A16 indexed configuration with block_m={block_m}; build the routing with "
                 f"one of {sorted(VALIDATED_TILES)} (w4a16_indexed_config(...).block_m)"
             )
-    cfg = tile_config(block_m, f"tok_e={tok_e:.1f} ({profile}): {why}")
+    _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
+    cfg = tile_config(block_m, f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else ""))
+    cfg = replace(cfg, split_k=split)
     return apply_env_overrides(cfg, "W4A16")
 
 
@@ -244,12 +258,14 @@ def compile_configs():
                                ("num_routes", "top_k"))
     sig_split = {**sig, "c_ptr": "*fp32"}
     cfgs += compile_configs_for(_w4a16_indexed_kernel, sig_split, "w4a16_indexed_splitk",
-                                [{"MUL_WEIGHT": False, "SPLIT_K": 4}], ("num_routes", "top_k"))
+                                [{"MUL_WEIGHT": w, "SPLIT_K": k} for k in (2, 4) for w in (False, True)],
+                                ("num_routes", "top_k"))
     red_sig = {"ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
                "ntpp_ptr": "*i32", "N": "i32", "num_routes": "i32", "stride_ws": "i32", "stride_wm": "i32",
                "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr", "SPLIT_K": "constexpr"}
     for bm, (bn, _, _, _) in VALIDATED_TILES.items():
-        cfgs.append(KernelConfig(f"w4a16_indexed_splitk_reduce[BM={bm},BN={bn}]", _w4a16_indexed_splitk_reduce_kernel,
-                                 red_sig, {"BM": bm, "BN": bn, "SPLIT_K": 4}, num_warps=4,
-                                 unaligned=("num_routes",)))
+        for k in (2, 4):
+            cfgs.append(KernelConfig(f"w4a16_indexed_splitk_reduce[BM={bm},BN={bn},SPLIT_K={k}]",
+                                     _w4a16_indexed_splitk_reduce_kernel, red_sig, {"BM": bm, "BN": bn, "SPLIT_K": k},
+                                     num_warps=4, unaligned=("num_routes",)))
     return cfgs
