@@ -164,6 +164,54 @@ def test_fp8_gemm_bad_input(gen):
         fp8_gemm(a[None], a_s, b, b_s)
 
 
+GLUON_CASES = {
+    "M300_N320_K1040": (300, 320, 1040),   # M, N and K tails (TMA zero fill), 9 K blocks > 4 stages
+    "M128_N128_K128": (128, 128, 128),     # one block: the prologue and the drain only
+    "M1024_N2304_K5120": (1024, 2304, 5120),  # V4-Flash shape, 40 K blocks through the ring
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(128, 128, 8, 4), (64, 128, 4, 4)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("shape", list(GLUON_CASES.values()), ids=list(GLUON_CASES))
+def test_fp8_gemm_gluon_engine_matches_reference(shape, tile, gen):
+    """The opt-in Hopper Gluon kernel (fp8_gemm_sm90): same budget as the Triton kernel, and
+    close to the Triton kernel's own output (both promote per 128-K block in FP32)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp8_weight(n, k, gen)
+    ref = fp8_gemm_ref(a, a_s, b, b_s)
+    ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
+    cfg = BlockScaledConfig(*tile, False, engine="gluon")
+    out = _run(fp8_gemm, *ops, m=m, n=n, device="cuda", config=cfg)
+    _check(out, ref, f"gluon {shape}")
+    assert_close(out.float().cpu(), fp8_gemm(*ops).float().cpu(), "bf16_out", "gluon vs triton engine")
+
+
+def test_fp8_gemm_gluon_engine_contract(gen, monkeypatch):
+    """engine='gluon': only its prefill tiles, never under the interpreter / on the CPU, never
+    for fp4_gemm; LOWBIT_FP8_GEMM_ENGINE selects it and is part of the memo key."""
+    a, a_s = _acts(4, 256, gen)
+    b, b_s = _fp8_weight(128, 256, gen)
+    with pytest.raises(ValueError, match="gluon engine runs the prefill tiles"):
+        fp8_gemm(a, a_s, b, b_s, config=BlockScaledConfig(16, 64, 4, 4, True, engine="gluon"))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        fp8_gemm(a, a_s, b, b_s, config=BlockScaledConfig(128, 128, 8, 4, False, engine="cuda"))
+    if interpreter_active() or not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            fp8_gemm(a, a_s, b, b_s, config=BlockScaledConfig(128, 128, 8, 4, False, engine="gluon"))
+    w, w_s = _fp4_weight(128, 256, gen)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        fp4_gemm(a, a_s, w, w_s, config=BlockScaledConfig(128, 64, 8, 3, False, engine="gluon"))
+    monkeypatch.setenv("LOWBIT_FP8_GEMM_ENGINE", "gluon")
+    c = fp8_gemm_config(4096, 2304, 5120)
+    assert c.engine == "gluon" and "LOWBIT_FP8_GEMM_ENGINE=gluon" in c.reason
+    monkeypatch.delenv("LOWBIT_FP8_GEMM_ENGINE")
+    assert fp8_gemm_config(4096, 2304, 5120).engine == "triton"
+
+
 def test_fp8_gemm_empty_dims(gen, device):
     b, b_s = _fp8_weight(64, 256, gen)
     a, a_s = _acts(1, 256, gen)

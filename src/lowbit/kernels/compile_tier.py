@@ -43,6 +43,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.sinkhorn",
     "lowbit.kernels.moe_decode",
     "lowbit.kernels.fp8_gemm",
+    "lowbit.kernels.fp8_gemm_sm90",
     "lowbit.kernels.fp4_gemm",
 ]
 
@@ -63,6 +64,9 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 1
     expect_sass: tuple[str, ...] = ()
+    #: PTX substrings that must appear (e.g. ``"wgmma.wait_group.sync.aligned 1"``: an async
+    #: wgmma left in flight, which the SASS alone does not show)
+    expect_ptx: tuple[str, ...] = ()
     #: integer arguments that are not multiples of 16 in production; every other pointer and
     #: integer is compiled with the 16-divisibility the runtime specializes on (as it does for
     #: torch allocations and Kimi K2.x sizes), which changes vectorization, pipelining and so
@@ -81,6 +85,7 @@ class CompileReport:
     registers: int = -1
     spill_bytes: int = -1
     sass_missing: list[str] = field(default_factory=list)
+    ptx_missing: list[str] = field(default_factory=list)
     ptxas_warnings: list[str] = field(default_factory=list)
     error: str = ""
 
@@ -96,6 +101,7 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     try:
         names = list(cfg.signature)
@@ -104,7 +110,9 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
             for i, nm in enumerate(names)
             if (cfg.signature[nm].startswith("*") or cfg.signature[nm] in ("i32", "i64")) and nm not in cfg.unaligned
         }
-        src = ASTSource(fn=cfg.fn, signature=cfg.signature, constexprs=cfg.constexprs, attrs=attrs)
+        is_gluon = getattr(cfg.fn, "is_gluon", lambda: False)()
+        source = GluonASTSource if is_gluon else ASTSource
+        src = source(fn=cfg.fn, signature=cfg.signature, constexprs=cfg.constexprs, attrs=attrs)
         k = triton.compile(
             src,
             target=GPUTarget("cuda", 90, 32),
@@ -126,6 +134,7 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
         rep.spill_bytes = int(stack.group(1)) + int(local.group(1)) if stack and local else -1
         sass = subprocess.run([_triton_bin("cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
     rep.sass_missing = [op for op in cfg.expect_sass if op not in sass]
+    rep.ptx_missing = [s for s in cfg.expect_ptx if s not in k.asm["ptx"]]
     # ptxas warnings (e.g. C7515: wgmma serialized) surface in the PTX->cubin step; re-run it
     # on the PTX only when wgmma is expected, since that is where they matter.
     if any("GMMA" in op for op in cfg.expect_sass):
@@ -141,6 +150,7 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
     rep.ok = (
         rep.shared_bytes <= SMEM_LIMIT_SM90
         and not rep.sass_missing
+        and not rep.ptx_missing
         and rep.spill_bytes <= cfg.max_spill_bytes
         and not rep.ptxas_warnings
     )
@@ -175,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             status = "ok  " if r.ok else "FAIL"
             print(f"{status} {r.name:60s} smem={r.shared_bytes:6d} regs={r.registers:4d} "
                   f"spill={r.spill_bytes} {r.error or ''}{' missing ' + str(r.sass_missing) if r.sass_missing else ''}"
+                  f"{' ptx lacks ' + str(r.ptx_missing) if r.ptx_missing else ''}"
                   f"{' ' + '; '.join(r.ptxas_warnings) if r.ptxas_warnings else ''}")
     return 0 if all(r.ok for r in reports) else 1
 

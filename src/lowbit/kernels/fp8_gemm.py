@@ -32,9 +32,12 @@ adds the shares in a fixed order and rounds once to BF16 (deterministic; FP32 su
 different order from the reference, as any tiling is).
 
 Heuristics (`fp8_gemm_config`): a pure function of (M, N, K, SM count), memoized with the
-``LOWBIT_FP8_GEMM_*`` overrides in the key. **None of the tiles has run on a GPU yet**: the
-table is derived from the register / shared-memory budget (checked by the compile tier) and
-the grid-fill rule below, and must be replaced by a measured sweep before any speed claim.
+``LOWBIT_FP8_GEMM_*`` overrides in the key; tiles from the register / shared-memory budget
+(compile tier) and the grid-fill rule below. Measured on the H200 (2026-11-29, CUDA-graph
+replay, docs/performance.md): 14.5-20.5 us at M=16/128 (torch's per-tensor FP8 GEMM 10.8-12.3),
+629-634 TFLOP/s at M=4096 (0.47-0.50x torch): the tensor cores idle during each K block's
+promotion, which Triton cannot overlap (`lowbit.kernels.fp8_gemm_sm90` explains, and holds the
+opt-in Gluon kernel that does: ``engine="gluon"``).
 This module also holds what `lowbit.kernels.fp4_gemm` shares: the config type, the overrides,
 the split-K rule and the split-K reduction.
 """
@@ -49,6 +52,7 @@ import triton
 import triton.language as tl
 
 from ..formats.fp8 import e8m0_decode
+from .._env import interpreter_active
 from . import numerics
 from .tuning import apply_env_overrides, env_key, override_names
 
@@ -158,7 +162,9 @@ class BlockScaledConfig:
     block_m / block_n: the output tile (block_n divides 128: one weight-scale row per tile for
     fp8_gemm); swap_ab: weight rows on the MMA's M side (decode); split_k: programs along K
     (> 1 adds the FP32 workspace and the reduction); k_step: 128, or 32 for fp4_gemm's
-    per-group path; reason: why the heuristic chose it (and any override applied)."""
+    per-group path; engine: ``"triton"`` (the tl.dot kernel, every tier) or ``"gluon"``
+    (fp8_gemm only: the Hopper kernel of `fp8_gemm_sm90`, prefill tiles, opt-in until
+    measured); reason: why the heuristic chose it (and any override applied)."""
 
     block_m: int
     block_n: int
@@ -167,10 +173,11 @@ class BlockScaledConfig:
     swap_ab: bool
     split_k: int = 1
     k_step: int = 128
+    engine: str = "triton"
     reason: str = ""
 
 
-_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k")
+_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "engine")
 #: The tuning overrides read by `fp8_gemm_config` (each is part of the memo key).
 ENV_OVERRIDES = override_names("FP8_GEMM", _FIELDS)
 
@@ -236,12 +243,23 @@ def fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS) -> BlockSca
 def explain_fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS) -> str:
     c = fp8_gemm_config(m, n, k, sms)
     return (f"fp8_gemm M={m} N={n} K={k}: block_m={c.block_m} block_n={c.block_n} warps={c.num_warps} "
-            f"stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} -- {c.reason}")
+            f"stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} engine={c.engine} -- {c.reason}")
 
 
-def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (128,)) -> None:
+def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (128,),
+                 engines: tuple[str, ...] = ("triton",)) -> None:
     if not isinstance(cfg, BlockScaledConfig):
         raise TypeError(f"{who}: config must be a BlockScaledConfig, got {type(cfg).__name__}")
+    if cfg.engine not in engines:
+        raise ValueError(f"{who}: engine must be one of {engines}, got {cfg.engine!r}")
+    if cfg.engine == "gluon":
+        from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+
+        tile = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+        if cfg.swap_ab or cfg.split_k != 1 or tile not in GLUON_TILES:
+            raise ValueError(f"{who}: the gluon engine runs the prefill tiles (block_m, block_n, num_warps, "
+                             f"num_stages) in {GLUON_TILES} without swap_ab or split_k; got {tile}, "
+                             f"swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
     if cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):
         raise ValueError(f"{who}: block_m must be a power of two >= 16, got {cfg.block_m}")
     if cfg.block_n not in (16, 32, 64, 128):
@@ -332,11 +350,31 @@ def fp8_gemm(
         return out.zero_()
     if config is None:
         config = fp8_gemm_config(m, n, k, num_sms(a.device))
-    check_config(config, who)
+    check_config(config, who, engines=("triton", "gluon"))
+    if config.engine == "gluon":
+        _launch_gluon(a, a_s, b, b_s, out, m, n, k, config, who)
+        return out
     launch_block_scaled(_fp8_gemm_kernel, (a, a_s, b, b_s), out, m, n, kblocks, config,
                         (a.stride(0), a_s.stride(0), a_s.stride(1), b.stride(0), b_s.stride(0), b_s.stride(1)),
                         {}, k)
     return out
+
+
+def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: str) -> None:
+    """The opt-in Hopper Gluon kernel (`fp8_gemm_sm90`): a CUDA sm_90 device, TMA-able operands."""
+    if interpreter_active() or a.device.type != "cuda":
+        raise ValueError(f"{who}: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
+                         "interpreter; use engine='triton')")
+    if torch.cuda.get_device_capability(a.device)[0] != 9:
+        raise ValueError(f"{who}: engine='gluon' is the sm_90 (Hopper) kernel, this GPU is "
+                         f"sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))}")
+    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch, tma_compatible  # noqa: PLC0415
+
+    why = tma_compatible(a, b)
+    if why:
+        raise ValueError(f"{who}: engine='gluon' loads through TMA: {why}")
+    fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m, n, k, config.block_m, config.block_n,
+                         config.num_warps, config.num_stages)
 
 
 def launch_block_scaled(kernel, operands, out, m, n, k_steps, config, strides, constexprs, k) -> None:

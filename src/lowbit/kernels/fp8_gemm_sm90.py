@@ -1,0 +1,175 @@
+"""Hopper (sm_90a) Gluon kernel of `fp8_gemm` for prefill tiles: the K-block promotion of block
+``k - 1`` overlapped with the tensor-core product of block ``k``.
+
+Why it exists. `fp8_gemm`'s Triton kernel computes, per 128-deep K block, ``blk = a @ b^T``
+(FP8 wgmma, FP32 result) and then ``acc += blk * (a_s * b_s)`` on the CUDA cores. Triton 3.6
+waits for every wgmma before any non-MMA use of its result (``wgmma.wait_group 0`` in the PTX
+of every variant we tried: a loop-carried previous product, a 2x-unrolled loop, TMA loads,
+``tl.range(warp_specialize=True)``), so the tensor cores idle while the promotion FMAs run and
+while the next block is issued: the H200 measured 629-634 TFLOP/s at M=4096 against 1271-1325
+for ``torch._scaled_mm``'s per-tensor FP8 GEMM (docs/performance.md). Gluon exposes the wait:
+here block ``k``'s wgmma is issued asynchronously, ``warpgroup_mma_wait(num_outstanding=1)``
+retires block ``k - 1`` only, and its promotion runs while block ``k`` is on the tensor cores.
+
+Structure (one partition, no warp specialization): a ``STAGES``-deep ring of TMA-loaded A and B
+tiles in shared memory, one mbarrier per stage; the stage of block ``k - 1`` is refilled with
+block ``k + STAGES - 1`` right after block ``k - 1``'s wgmma retired. TMA zero-fills rows and K
+columns past the tensor bounds, so M, N and K tails need no masks until the store.
+Semantics are `fp8_gemm`'s (same promotion order: ``acc += blk * (a_s * b_s)`` per K block).
+
+Status: compiled for sm_90a by the compile tier (QGMMA in the SASS, ``wgmma.wait_group 1`` in
+the PTX); NOT yet run on a GPU, so it is opt-in (``LOWBIT_FP8_GEMM_ENGINE=gluon`` or
+``BlockScaledConfig(engine="gluon")``) until the GPU tests and the benchmark have run it. Gluon
+does not run under the Triton interpreter: the Triton kernel stays the reference path on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+__all__ = ["GLUON_TILES", "fp8_gemm_sm90_launch", "tma_compatible", "compile_configs"]
+
+#: (block_m, block_n, num_warps, stages) the Gluon kernel is built for. 128x128 with two
+#: warpgroups: three live [128, 128] FP32 tiles (running sum, retiring product, product in
+#: flight) are 192 registers a thread; 4 stages of 32 KB (A + B) are 128 KB of shared memory.
+GLUON_TILES = ((128, 128, 8, 4), (64, 128, 4, 4))
+_BK = 128
+
+
+@gluon.jit
+def _fp8_gemm_sm90_kernel(
+    a_desc, b_desc, as_ptr, bs_ptr, c_ptr,
+    M, N, K,
+    stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
+    STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+
+    # wgmma m64nBNk32 per warpgroup; warps stacked along M (16 rows a warp)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 32])
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    nk = gl.cdiv(K, BK)
+    tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    for i in gl.static_range(STAGES - 1):  # prologue: blocks 0 .. STAGES-2 in flight
+        live = i < nk
+        mbarrier.expect(ready.index(i), tile_bytes, pred=live)
+        tma.async_copy_global_to_shared(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i), pred=live)
+        tma.async_copy_global_to_shared(b_desc, [off_n, i * BK], ready.index(i), b_bufs.index(i), pred=live)
+
+    rm = off_m + gl.arange(0, BM, layout=rows)
+    m_ok = rm < M
+    as_rows = as_ptr + rm.to(gl.int64) * stride_asm
+    bs_row = bs_ptr + (off_n // 128) * stride_bsn  # BN divides 128: one weight-scale row a tile
+
+    zero = gl.zeros([BM, BN], gl.float32, mma)
+    acc = gl.zeros([BM, BN], gl.float32, mma)
+    prev = warpgroup_mma_init(gl.zeros([BM, BN], gl.float32, mma))  # block k-1's product (0 before block 0)
+    prev_scale = gl.zeros([BM], gl.float32, rows)
+    for kb in range(nk):
+        s = kb % STAGES
+        # block kb's scales, used one iteration later (their load latency hides behind a wgmma)
+        sa = gl.load(as_rows + kb * stride_ask, mask=m_ok, other=0.0)
+        sb = gl.load(bs_row + kb * stride_bsk)
+        mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
+        cur = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # retire block kb-1 only; block kb stays on the tensor cores during its promotion
+        done = warpgroup_mma_wait(num_outstanding=1, deps=(prev,))
+        acc = acc + done * prev_scale[:, None]
+        # block kb-1's stage is free now: refill it with block kb + STAGES - 1
+        nxt = kb + STAGES - 1
+        ns = nxt % STAGES
+        live = nxt < nk
+        mbarrier.expect(ready.index(ns), tile_bytes, pred=live)
+        tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(ns), a_bufs.index(ns), pred=live)
+        tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BK], ready.index(ns), b_bufs.index(ns), pred=live)
+        prev = cur
+        prev_scale = sa * sb
+    done = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
+    acc = acc + done * prev_scale[:, None]
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    rn = off_n + gl.arange(0, BN, layout=cols)
+    c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
+    gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
+
+
+def _layouts(bm: int, bn: int):
+    return (gl.NVMMASharedLayout.get_default_for([bm, _BK], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([bn, _BK], gl.float8e4nv))
+
+
+def tma_compatible(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """None when `a` [M, K] and `b` [N, K] (FP8) can be TMA-described; else why not (TMA needs
+    16-byte aligned bases and row strides, and a contiguous K)."""
+    for name, t in (("a", a), ("b", b)):
+        if t.stride(1) != 1:
+            return f"{name} is not contiguous along K"
+        if t.data_ptr() % 16 or t.stride(0) % 16:
+            return f"{name} needs a 16-byte aligned base and row stride for TMA (stride {t.stride(0)})"
+    return None
+
+
+def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: int, block_n: int,
+                         num_warps: int, stages: int) -> None:
+    """Launch the Gluon kernel: a ``fp8 [M, K]``, a_s ``fp32 [M, ceil(K/128)]``, b ``fp8 [N, K]``,
+    b_s ``fp32 [ceil(N/128), ceil(K/128)]``, out ``bf16 [M, N]`` (all validated by `fp8_gemm`)."""
+    la, lb = _layouts(block_m, block_n)
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
+    b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _fp8_gemm_sm90_kernel[grid](
+        a_desc, b_desc, a_s, b_s, out, m, n, k,
+        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
+        STAGES=stages, num_warps=num_warps,
+    )
+
+
+def compile_configs():
+    """The Gluon tiles for the compile tier (descriptor types as the launcher builds them)."""
+    from triton.runtime.jit import mangle_type
+
+    from .compile_tier import KernelConfig
+
+    cfgs = []
+    for bm, bn, warps, stages in GLUON_TILES:
+        la, lb = _layouts(bm, bn)
+        probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
+        sig = {
+            "a_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bm, _BK], la)),
+            "b_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bn, _BK], lb)),
+            "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32",
+            "STAGES": "constexpr", "num_warps": "constexpr",
+        }
+        cfgs.append(KernelConfig(
+            f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}]", _fp8_gemm_sm90_kernel, sig,
+            {"STAGES": stages, "num_warps": warps}, num_warps=warps, num_stages=1, expect_sass=("QGMMA",),
+            expect_ptx=("wgmma.wait_group.sync.aligned 1",), unaligned=("M", "N", "K", "stride_ask", "stride_bsk")))
+    return cfgs
