@@ -24,12 +24,13 @@ def run_entry(cases: list[str], env: dict[str, str], rep_ms: float) -> list[dict
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "lowbit", "bench", "--providers", "lowbit", "--cuda-graph", "--no-plot",
                "--rep-ms", str(rep_ms), "--warmup-ms", "10", "--out", tmp, "--cases", *cases]
-        proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300, check=False)
         path = os.path.join(tmp, "results.json")
         if proc.returncode != 0 or not os.path.exists(path):
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
             return [{"case": c, "status": f"rc={proc.returncode}: {' | '.join(tail)[:160]}"} for c in cases]
-        return [r for r in json.load(open(path)) if r["projection"] in ("layer", "op", "sum")]
+        with open(path) as f:
+            return [r for r in json.load(f) if r["projection"] in ("layer", "op", "sum")]
 
 
 def main() -> None:
@@ -38,8 +39,10 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=30.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    with open(args.plan) as f:
+        plan = json.load(f)
     rows = []
-    for entry in json.load(open(args.plan)):
+    for entry in plan:
         env = {k: str(v) for k, v in entry.get("env", {}).items()}
         tag = " ".join(f"{k.removeprefix('LOWBIT_')}={v}" for k, v in env.items()) or "(heuristic)"
         for r in run_entry(entry["cases"], env, args.rep_ms):

@@ -51,19 +51,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.fp8 import e8m0_decode
 from .._env import interpreter_active
+from ..formats.fp8 import e8m0_decode
 from . import numerics
 from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = [
+    "ENV_OVERRIDES",
+    "H200_NUM_SMS",
+    "SCALE_BLOCK",
+    "BlockScaledConfig",
+    "explain_fp8_gemm_config",
     "fp8_gemm",
     "fp8_gemm_config",
-    "explain_fp8_gemm_config",
-    "BlockScaledConfig",
-    "ENV_OVERRIDES",
-    "SCALE_BLOCK",
-    "H200_NUM_SMS",
 ]
 
 #: K step = activation-scale group = edge of the weight-scale block.
@@ -253,7 +253,7 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
     if cfg.engine not in engines:
         raise ValueError(f"{who}: engine must be one of {engines}, got {cfg.engine!r}")
     if cfg.engine == "gluon":
-        from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+        from .fp8_gemm_sm90 import GLUON_TILES
 
         tile = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         if cfg.swap_ab or cfg.split_k != 1 or tile not in GLUON_TILES:
@@ -368,7 +368,7 @@ def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: 
     if torch.cuda.get_device_capability(a.device)[0] != 9:
         raise ValueError(f"{who}: engine='gluon' is the sm_90 (Hopper) kernel, this GPU is "
                          f"sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))}")
-    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch, tma_compatible  # noqa: PLC0415
+    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch, tma_compatible
 
     why = tma_compatible(a, b)
     if why:

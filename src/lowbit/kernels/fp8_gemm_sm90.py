@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["GLUON_TILES", "fp8_gemm_sm90_launch", "tma_compatible", "compile_configs"]
+__all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch", "tma_compatible"]
 
 #: (block_m, block_n, num_warps, stages) the Gluon kernel is built for. 128x128 with two
 #: warpgroups: three live [128, 128] FP32 tiles (running sum, retiring product, product in
