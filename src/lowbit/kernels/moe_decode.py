@@ -260,7 +260,7 @@ def _gate_up_kernel(
     num_routes, top_k, num_experts, H, I,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_am,
     FMT: tl.constexpr, DOT: tl.constexpr, BLOCK_I: tl.constexpr, TOKENS: tl.constexpr,
-    ROUTE_CHUNK: tl.constexpr,
+    ROUTE_CHUNK: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     """Grid ``(cdiv(I, BLOCK_I), num_routes)``: program (ib, r) owns act[r, ib-th neuron block]."""
     pid_i = tl.program_id(0)
@@ -334,7 +334,7 @@ def _gate_up_kernel(
         if FMT == 0:
             acc_g = tl.zeros([BLOCK_I, 32], tl.float32)
             acc_u = tl.zeros([BLOCK_I, 32], tl.float32)
-            for kt in range(0, tl.cdiv(H, 256)):
+            for kt in tl.range(0, tl.cdiv(H, 256), num_stages=LOOP_STAGES):
                 words_g = _load_step(FMT, wg_rows, i_ok, kt)
                 words_u = _load_step(FMT, wu_rows, i_ok, kt)
                 for i in tl.static_range(4):
@@ -352,7 +352,7 @@ def _gate_up_kernel(
             acc_g = tl.zeros([BLOCK_I, 8], tl.float32)
             acc_u = tl.zeros([BLOCK_I, 8], tl.float32)
             x_offs = tl.arange(0, 8)[:, None] * 32 + j[None, :]
-            for kt in range(0, tl.cdiv(H, 256)):
+            for kt in tl.range(0, tl.cdiv(H, 256), num_stages=LOOP_STAGES):
                 x = tl.load(x_row + kt * 256 + x_offs, mask=(kt * 256 + x_offs) < H, other=0.0).to(tl.float32)
                 acc_g += _mxfp8_step(wg_rows, sg_rows, i_ok, kt, H, stride_sg, x[None, :, :])
                 acc_u += _mxfp8_step(wu_rows, su_rows, i_ok, kt, H, stride_sg, x[None, :, :])
@@ -368,7 +368,7 @@ def _down_kernel(
     M, top_k, num_experts, H, I,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sg, stride_om,
     FMT: tl.constexpr, DOT: tl.constexpr, BLOCK_H: tl.constexpr, TOKENS: tl.constexpr,
-    TOPK_P2: tl.constexpr,
+    TOPK_P2: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     """Grid ``(cdiv(H, BLOCK_H), M)`` (fma) or ``(cdiv(H, BLOCK_H), cdiv(M, TOKENS))`` (dot)."""
     pid_h = tl.program_id(0)
@@ -438,7 +438,7 @@ def _down_kernel(
                 a_row = act_ptr + route.to(tl.int64) * stride_am
                 # the routing weight is folded into the activation, so every expert accumulates
                 # into the same FP32 registers: no separate combine
-                for kt in range(0, tl.cdiv(I, 256)):
+                for kt in tl.range(0, tl.cdiv(I, 256), num_stages=LOOP_STAGES):
                     if FMT == 0:
                         words = _load_step(FMT, w_rows, h_ok, kt)
                         for i in tl.static_range(4):
@@ -494,10 +494,15 @@ _ENGINES = (
 #: Tiles per (engine, weight format): (block_i, block_h, num_warps, num_stages, provenance).
 #: H200 sweep, 2026-11-29, Kimi EP8 layer (gate_up + down), CUDA-graph replay, L2 flushed:
 _TILES = {
+    # The fma engine's stages are its K loops' software pipelining (``tl.range(num_stages=)``:
+    # cp.async staging of the next steps' words, scales and activations). The sweep below ran
+    # before the loops honoured it (stages 1, 2, 3 measured the same: 168.5 / 169.2 / 169.0 us,
+    # no cp.async in the PTX), so the table keeps 1 -- what was measured -- until a sweep of
+    # LOWBIT_DECODE_NUM_STAGES=2..4 on the H200 says otherwise.
     # INT4 fma, M=1 / M=2: 64/64/8w 163.7 / 258.7 us; 16/16/4w 169.2 / 291.1; 32/32/4w 186.3 / 277.6
-    ("fma", "int4"): (64, 64, 8, 2, "H200 M=1: 163.7 us (16x16 tiles: 169.2)"),
+    ("fma", "int4"): (64, 64, 8, 1, "H200 M=1: 163.7 us (16x16 tiles: 169.2)"),
     # MXFP8 fma, M=1: 16/16/2w 176.7 us; 32/32/4w 200.5; 64/64/8w 244.4; 16/16/4w 254.5
-    ("fma", "mxfp8"): (16, 16, 2, 2, "H200 M=1: 176.7 us (16x16 with 4 warps: 254.5)"),
+    ("fma", "mxfp8"): (16, 16, 2, 1, "H200 M=1: 176.7 us (16x16 with 4 warps: 254.5)"),
     # INT4 dot, M=4 / 8 / 32: 64/64/4w/3s 600.7 / 800.3 / 1285.1 us; 64/32/4w/2s 722.8 / 966.0 /
     # 1828.8; 128/64/8w 729.8 / 957.9 / 1744.9; 32/32/4w 834.0 / 1114.9 / 2227.7
     ("dot", "int4"): (64, 64, 4, 3, "H200 M=8: 800.3 us (64x32 2-stage: 966.0)"),
@@ -705,7 +710,8 @@ def moe_decode_gate_up(
         m * top_k, top_k, e, h, inter,
         hidden.stride(0), swe, swn, sse, ssn, ssg, inter,
         FMT=fmt, DOT=config.engine == "dot", BLOCK_I=config.block_i, TOKENS=config.tokens,
-        ROUTE_CHUNK=_ROUTE_CHUNK, num_warps=config.num_warps, num_stages=config.num_stages,
+        ROUTE_CHUNK=_ROUTE_CHUNK, LOOP_STAGES=config.num_stages, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out
 
@@ -758,7 +764,8 @@ def moe_decode_down(
         m, top_k, e, h, inter,
         inter, swe, swn, sse, ssn, ssg, out.stride(0),
         FMT=fmt, DOT=dot, BLOCK_H=config.block_h, TOKENS=config.tokens,
-        TOPK_P2=triton.next_power_of_2(top_k), num_warps=config.num_warps, num_stages=config.num_stages,
+        TOPK_P2=triton.next_power_of_2(top_k), LOOP_STAGES=config.num_stages, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out
 
@@ -804,6 +811,7 @@ _GATE_UP_SIG = {
     "stride_xm": "i32", "stride_we": "i64", "stride_wn": "i32", "stride_se": "i32", "stride_sn": "i32",
     "stride_sg": "i32", "stride_am": "i32",
     "FMT": "constexpr", "DOT": "constexpr", "BLOCK_I": "constexpr", "TOKENS": "constexpr", "ROUTE_CHUNK": "constexpr",
+    "LOOP_STAGES": "constexpr",
 }
 _DOWN_SIG = {
     "act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": None, "s_ptr": None, "out_ptr": "*bf16",
@@ -811,6 +819,7 @@ _DOWN_SIG = {
     "stride_am": "i32", "stride_we": "i64", "stride_wn": "i32", "stride_se": "i32", "stride_sn": "i32",
     "stride_sg": "i32", "stride_om": "i32",
     "FMT": "constexpr", "DOT": "constexpr", "BLOCK_H": "constexpr", "TOKENS": "constexpr", "TOPK_P2": "constexpr",
+    "LOOP_STAGES": "constexpr",
 }
 _FMT_PTRS = {_FMT_INT4: ("*i32", "*bf16"), _FMT_MXFP8: ("*fp8e4nv", "*u8")}
 
@@ -847,7 +856,8 @@ def compile_configs():
             out.append(KernelConfig(
                 f"moe_decode_gate_up[{fname},{cfg.engine},BI={cfg.block_i},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
                 _gate_up_kernel, {**_GATE_UP_SIG, "w_ptr": w_t, "s_ptr": s_t},
-                {"FMT": fmt, "DOT": dot, "BLOCK_I": cfg.block_i, "TOKENS": cfg.tokens, "ROUTE_CHUNK": _ROUTE_CHUNK},
+                {"FMT": fmt, "DOT": dot, "BLOCK_I": cfg.block_i, "TOKENS": cfg.tokens, "ROUTE_CHUNK": _ROUTE_CHUNK,
+                 "LOOP_STAGES": cfg.num_stages},
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=gu_sass,
                 unaligned=("num_routes", "top_k", "stride_sn")))
         dkey = (fmt, cfg.engine, cfg.block_h, cfg.tokens, cfg.num_warps, cfg.num_stages)
@@ -856,7 +866,8 @@ def compile_configs():
             out.append(KernelConfig(
                 f"moe_decode_down[{fname},{cfg.engine},BH={cfg.block_h},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
                 _down_kernel, {**_DOWN_SIG, "w_ptr": w_t, "s_ptr": s_t},
-                {"FMT": fmt, "DOT": dot, "BLOCK_H": cfg.block_h, "TOKENS": cfg.tokens, "TOPK_P2": 8},
+                {"FMT": fmt, "DOT": dot, "BLOCK_H": cfg.block_h, "TOKENS": cfg.tokens, "TOPK_P2": 8,
+                 "LOOP_STAGES": cfg.num_stages},
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=dn_sass,
                 unaligned=("M", "top_k", "stride_sn")))
     return out
