@@ -93,7 +93,8 @@ class BenchCase:
 
     name: unique id used by ``--cases`` (globs allowed).
     layout: "indexed" | "contiguous" | "masked".
-    profile: "ep8" | "tp8" | "smoke" (which weight set; smoke = tiny shapes for checks).
+    profile: "ep8" | "ep16" | "ep32" | "tp8" | "smoke" (which weight set; smoke = tiny shapes
+    for checks).
     num_experts: experts on this GPU (48 for EP8, 384 for TP8).
     tokens: indexed: tokens T routed top-k (gate_up input ``[T, K]``); grouped: 0.
     rows_per_expert: grouped: rows per expert (contiguous exact, masked nominal).
@@ -190,12 +191,27 @@ for _rows in (128, 256, 512):
         projections=_ep8_grouped(), rows_per_expert=_rows, label=f"EP8 grouped contiguous {_rows} rows/expert",
         seed=3 + _rows, tags=frozenset({"ep8", "grouped", "contiguous", "prefill"}),
     ))
-for _rows in (16, 32, 64):
+for _rows in (8, 16, 32, 64):
     register_case(BenchCase(
         name=f"ep8_masked_{_rows}", layout="masked", profile="ep8", num_experts=EP8_EXPERTS,
         projections=_ep8_grouped(), rows_per_expert=_rows, max_m=256,
         label=f"EP8 grouped masked {_rows} tok/expert (0.7-1.3x), max_m 256",
         seed=5 + _rows, tags=frozenset({"ep8", "grouped", "masked", "decode"}),
+    ))
+
+# Kimi K2.x over 16 and 32 GPUs (issue 4's expert-count sweep): the same expert shapes, 24 and
+# 12 local experts, at the headline grouped points.
+for _ep, _experts in ((16, 24), (32, 12)):
+    register_case(BenchCase(
+        name=f"ep{_ep}_contiguous_128", layout="contiguous", profile=f"ep{_ep}", num_experts=_experts,
+        projections=_ep8_grouped(), rows_per_expert=128, label=f"EP{_ep} grouped contiguous 128 rows/expert",
+        seed=7 + _ep, tags=frozenset({f"ep{_ep}", "grouped", "contiguous", "prefill"}),
+    ))
+    register_case(BenchCase(
+        name=f"ep{_ep}_masked_32", layout="masked", profile=f"ep{_ep}", num_experts=_experts,
+        projections=_ep8_grouped(), rows_per_expert=32, max_m=256,
+        label=f"EP{_ep} grouped masked 32 tok/expert (0.7-1.3x), max_m 256",
+        seed=9 + _ep, tags=frozenset({f"ep{_ep}", "grouped", "masked", "decode"}),
     ))
 
 # Tiny shapes: exercise every layout end to end in seconds (CPU harness tests, GPU smoke).
