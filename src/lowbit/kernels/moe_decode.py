@@ -841,33 +841,27 @@ def compile_configs():
     weight formats, for the compile tier."""
     from .compile_tier import KernelConfig
 
-    out = []
-    gate_up_done, down_done = set(), set()
+    out, done = [], set()
     for fname, cfg in _production_configs():
         dot = cfg.engine == "dot"
         fmt = _FMT_INT4 if fname == "int4" else _FMT_MXFP8
         w_t, s_t = _FMT_PTRS[fmt]
-        # the MMA instruction: wgmma when the weight (M) side is >= 64 rows, mma.sync below
-        gu_sass = (("HGMMA",) if cfg.block_i >= 64 else ("HMMA",)) if dot else ()
-        dn_sass = (("HGMMA",) if cfg.block_h >= 64 else ("HMMA",)) if dot else ()
-        gkey = (fmt, cfg.engine, cfg.block_i, cfg.tokens, cfg.num_warps, cfg.num_stages)
-        if gkey not in gate_up_done:
-            gate_up_done.add(gkey)
+        # (stage, kernel, signature, tile tag, tile constexpr, tile, extra constexprs, unaligned ints)
+        stages = (
+            ("gate_up", _gate_up_kernel, _GATE_UP_SIG, "BI", "BLOCK_I", cfg.block_i, {"ROUTE_CHUNK": _ROUTE_CHUNK},
+             ("num_routes", "top_k", "stride_sn")),
+            ("down", _down_kernel, _DOWN_SIG, "BH", "BLOCK_H", cfg.block_h, {"TOPK_P2": 8}, ("M", "top_k", "stride_sn")),
+        )
+        for stage, fn, sig, tag, tile_name, tile, extra, unaligned in stages:
+            key = (stage, fmt, cfg.engine, tile, cfg.tokens, cfg.num_warps, cfg.num_stages)
+            if key in done:
+                continue
+            done.add(key)
+            # the MMA instruction: wgmma when the weight (M) side is >= 64 rows, mma.sync below
+            sass = (("HGMMA",) if tile >= 64 else ("HMMA",)) if dot else ()
             out.append(KernelConfig(
-                f"moe_decode_gate_up[{fname},{cfg.engine},BI={cfg.block_i},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
-                _gate_up_kernel, {**_GATE_UP_SIG, "w_ptr": w_t, "s_ptr": s_t},
-                {"FMT": fmt, "DOT": dot, "BLOCK_I": cfg.block_i, "TOKENS": cfg.tokens, "ROUTE_CHUNK": _ROUTE_CHUNK,
-                 "LOOP_STAGES": cfg.num_stages},
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=gu_sass,
-                unaligned=("num_routes", "top_k", "stride_sn")))
-        dkey = (fmt, cfg.engine, cfg.block_h, cfg.tokens, cfg.num_warps, cfg.num_stages)
-        if dkey not in down_done:
-            down_done.add(dkey)
-            out.append(KernelConfig(
-                f"moe_decode_down[{fname},{cfg.engine},BH={cfg.block_h},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
-                _down_kernel, {**_DOWN_SIG, "w_ptr": w_t, "s_ptr": s_t},
-                {"FMT": fmt, "DOT": dot, "BLOCK_H": cfg.block_h, "TOKENS": cfg.tokens, "TOPK_P2": 8,
-                 "LOOP_STAGES": cfg.num_stages},
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=dn_sass,
-                unaligned=("M", "top_k", "stride_sn")))
+                f"moe_decode_{stage}[{fname},{cfg.engine},{tag}={tile},T={cfg.tokens},w={cfg.num_warps},s={cfg.num_stages}]",
+                fn, {**sig, "w_ptr": w_t, "s_ptr": s_t},
+                {"FMT": fmt, "DOT": dot, tile_name: tile, "TOKENS": cfg.tokens, "LOOP_STAGES": cfg.num_stages, **extra},
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_sass=sass, unaligned=unaligned))
     return out
