@@ -208,6 +208,11 @@ def test_fp8_gemm_gluon_engine_contract(gen, monkeypatch):
     monkeypatch.setenv("LOWBIT_FP8_GEMM_ENGINE", "gluon")
     c = fp8_gemm_config(4096, 2304, 5120)
     assert c.engine == "gluon" and "LOWBIT_FP8_GEMM_ENGINE=gluon" in c.reason
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (128, 128, 8, 4, False, 1)
+    mid = fp8_gemm_config(128, 2304, 5120)  # the heuristic's split-K 64x128 tile -> the gluon 64x128
+    assert mid.engine == "gluon" and (mid.block_m, mid.split_k, mid.swap_ab) == (64, 1, False)
+    small = fp8_gemm_config(16, 2304, 5120)  # decode: no gluon tile, stays on the Triton kernel
+    assert small.engine == "triton" and small.swap_ab and "no decode" in small.reason
     monkeypatch.delenv("LOWBIT_FP8_GEMM_ENGINE")
     assert fp8_gemm_config(4096, 2304, 5120).engine == "triton"
 

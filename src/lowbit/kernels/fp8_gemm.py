@@ -230,7 +230,25 @@ def _config_cached(m: int, n: int, k: int, sms: int, env: tuple) -> BlockScaledC
     programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
     cfg = replace(cfg, split_k=split, reason=cfg.reason + "; " + why)
-    return apply_env_overrides(cfg, "FP8_GEMM", _FIELDS)
+    return _fit_engine(apply_env_overrides(cfg, "FP8_GEMM", _FIELDS), m)
+
+
+def _fit_engine(cfg: BlockScaledConfig, m: int) -> BlockScaledConfig:
+    """``LOWBIT_FP8_GEMM_ENGINE=gluon`` works as a global switch: a shape whose tile the Gluon
+    kernel does not have gets its nearest Gluon tile (M > 64), or stays on the Triton kernel
+    (decode M <= 64: the Gluon kernel has no swap-AB tile), with the reason said."""
+    if cfg.engine != "gluon":
+        return cfg
+    from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+
+    if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in GLUON_TILES and not cfg.swap_ab \
+            and cfg.split_k == 1:
+        return cfg
+    if m <= 64:
+        return replace(cfg, engine="triton", reason=f"{cfg.reason}; gluon has no decode (swap-AB) tile: triton")
+    bm, bn, warps, stages = next(t for t in GLUON_TILES if t[0] == (128 if m > 128 else 64))
+    return replace(cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, swap_ab=False, split_k=1,
+                   reason=f"{cfg.reason}; gluon tile {bm}x{bn}, {warps} warps, {stages} stages")
 
 
 def fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS) -> BlockScaledConfig:
