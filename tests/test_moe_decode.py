@@ -135,6 +135,24 @@ def test_dot_engine_hot_expert_many_routes(fmt, gen, device):
     assert_close(out.cpu().float(), ref, "bf16_out")
 
 
+@pytest.mark.parametrize("stages", [1, 3])
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
+def test_fma_engine_pipelined_k_loops(fmt, stages, gen, device):
+    """The fma engine's K loops software-pipelined (``tl.range(num_stages=3)``: cp.async
+    staging on the GPU; the interpreter runs the same loop unpipelined): H = 1056 and I = 608
+    give 5 and 3 K steps (the last one short), so the steady state and the drain both run."""
+    e, h, inter, m, k = 3, 1056, 608, 2, 2
+    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(m, k, e, generator=gen)
+    tw = random_topk_weights(m, k, generator=gen)
+    cfg = DecodeConfig("fma", 64, 64, 1, 8 if fmt == "int4" else 2, stages)
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device=device))
+    moe_decode(hidden.to(device), ids.to(device), tw.to(device), w13, w2, out=out, config=cfg)
+    ref = reference.moe_experts_ref(hidden, ids, tw, r13, r2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref, "bf16_out", f"fma stages={stages}")
+
+
 def test_mxfp8_weight_pack_and_validation(gen):
     x = torch.randn(2, 8, 64, generator=gen)
     codes, scales = quantize_mxfp8(x)
