@@ -51,6 +51,64 @@ def test_contiguous_all_rows_on_one_expert(gen, device):
     assert_close(out.cpu()[rows].float(), reference.w4a16_contiguous_ref(a2.cpu(), wq, m_idx.cpu())[rows], "bf16_out")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(64, 128, 4, 2), (64, 64, 4, 3)], ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
+@pytest.mark.parametrize("shape", [(5, 80, 288, 40, 2), (3, 200, 1056, 70, 2), (4, 4096, 7168, 96, 2)],
+                         ids=lambda s: "G{}_N{}_K{}_T{}_k{}".format(*s))
+def test_contiguous_gluon_engine_matches_reference(shape, tile, gen):
+    """The opt-in Hopper Gluon kernel (w4a16_sm90): N off the 64-row weight tile, K off the
+    256-wide step (5 steps through a 2- or 3-deep ring), an expert with no rows, padding rows
+    not written; and close to the Triton kernel's output."""
+    from dataclasses import replace
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    g, n, k, t, top_k = shape
+    wq, pw = _weights(g, n, k, gen, "contiguous", "cuda")
+    a2, m_idx, _ = _contiguous_problem(t, top_k, g, k, gen, "cuda")
+    bw, br, warps, stages = tile
+    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine="gluon")
+    out = poison_(torch.empty(a2.shape[0], n, dtype=torch.bfloat16, device="cuda"))
+    contiguous(a2, pw, m_idx, out=out, config=cfg)
+    rows = (m_idx >= 0).cpu()
+    ref = reference.w4a16_contiguous_ref(a2.cpu(), wq, m_idx.cpu())
+    assert_close(out.cpu()[rows].float(), ref[rows], "bf16_out", "valid rows")
+    assert (out.cpu()[~rows].float() > 1e30).all(), "padding rows must not be written"
+    tri = contiguous(a2, pw, m_idx)
+    assert_close(out.cpu()[rows].float(), tri.cpu()[rows].float(), "bf16_out", "gluon vs triton engine")
+
+
+def test_gluon_engine_contract(gen, monkeypatch):
+    """engine='gluon': contiguous only, never under the interpreter / on the CPU; the
+    LOWBIT_W4A16_GROUPED_ENGINE switch maps to the Gluon tile (contiguous) or keeps Triton
+    (masked); the indexed kernel refuses it."""
+    from dataclasses import replace
+
+    wq, pw = _weights(2, 64, 256, gen, "contiguous", "cpu")
+    a2, m_idx, _ = _contiguous_problem(3, 1, 2, 256, gen, "cpu")
+    cfg = replace(tile_config(64, "t"), block_n=64, block_m=128, num_warps=4, num_stages=2, engine="gluon")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            contiguous(a2, pw, m_idx, config=cfg)
+    with pytest.raises(ValueError, match="engine must be"):
+        contiguous(a2, pw, m_idx, config=replace(cfg, engine="cuda"))
+    _, pm = _weights(2, 64, 256, gen, "masked", "cpu")
+    with pytest.raises(ValueError, match="only the triton engine"):
+        masked(torch.zeros(2, 16, 256, dtype=torch.bfloat16), pm, torch.tensor([3, 0], dtype=torch.int32), 4,
+               config=cfg)
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon")
+    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
+    assert (c.engine, c.block_n, c.block_m, c.num_warps, c.swap_ab) == ("gluon", 64, 128, 4, True), c
+    assert "LOWBIT_W4A16_GROUPED_ENGINE=gluon" in c.reason
+    mk = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=32)
+    assert mk.engine == "triton" and "no masked kernel" in mk.reason
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "cuda")
+    with pytest.raises(ValueError, match="LOWBIT_W4A16_GROUPED_ENGINE"):
+        w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
+    monkeypatch.delenv("LOWBIT_W4A16_GROUPED_ENGINE")
+    assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
+
+
 def _masked_problem(g, max_m, k, counts, gen, device):
     a3 = torch.randn(g, max_m, k, generator=gen).to(torch.bfloat16)
     return a3.to(device), torch.tensor(counts, dtype=torch.int32, device=device)

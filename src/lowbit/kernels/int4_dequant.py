@@ -18,9 +18,9 @@ import triton.language as tl
 
 from . import numerics
 
-__all__ = ["dequant_pair"]
+__all__ = ["DEQUANT_PAIR_PTX", "dequant_pair"]
 
-_DEQUANT_PAIR_PTX = tl.constexpr("""
+DEQUANT_PAIR_PTX = tl.constexpr("""
 {
 .reg .b32 t, s, c;
 lop3.b32 t, $2, 0x000F000F, 0x43004300, 0xea;
@@ -47,6 +47,6 @@ def dequant_pair(words, s_lo, s_hi):
         s_lo_b = tl.broadcast_to(s_lo, words.shape)
         s_hi_b = tl.broadcast_to(s_hi, words.shape)
         return tl.inline_asm_elementwise(
-            _DEQUANT_PAIR_PTX, "=h,=h,r,h,h", [words, s_lo_b, s_hi_b],
+            DEQUANT_PAIR_PTX, "=h,=h,r,h,h", [words, s_lo_b, s_hi_b],
             dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1,
         )

@@ -73,6 +73,9 @@ class W4A16Config:
     num_stages: int
     swap_ab: bool
     split_k: int = 1
+    #: "triton" (every tier) or "gluon" (grouped contiguous only: `w4a16_sm90`, the Hopper
+    #: kernel that overlaps dequant with wgmma; opt-in until measured)
+    engine: str = "triton"
     reason: str = ""
 
 
@@ -98,20 +101,23 @@ VALIDATED_TILES: dict[int, tuple[int, int, int, bool]] = {
 ALLOWED_SPILL_BYTES: dict[int, int] = {16: 256}
 
 _OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k")
+#: the fields each family lets an environment variable set (only the grouped family has a
+#: second engine)
+_FAMILY_FIELDS = {"W4A16": _OVERRIDE_FIELDS, "W4A16_GROUPED": _OVERRIDE_FIELDS + ("engine",)}
 
 
 def override_names(family: str) -> list[str]:
     """``LOWBIT_<FAMILY>_BLOCK_M`` ... : the documented tuning overrides of a W4A16 family."""
-    return tuning.override_names(family, _OVERRIDE_FIELDS)
+    return tuning.override_names(family, _FAMILY_FIELDS[family])
 
 
 def env_key(family: str) -> tuple:
     """The overrides' current values (part of every memo key)."""
-    return tuning.env_key(family, _OVERRIDE_FIELDS)
+    return tuning.env_key(family, _FAMILY_FIELDS[family])
 
 
 def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
-    return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
+    return tuning.apply_env_overrides(cfg, family, _FAMILY_FIELDS[family])
 
 
 def tile_config(block_m: int, why: str) -> W4A16Config:

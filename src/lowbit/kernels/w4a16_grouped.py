@@ -15,6 +15,7 @@ CUDA graph); ``expected_m`` only picks the M tile.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import torch
@@ -103,7 +104,26 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, e
         # expected rows plus the 1.3x spread of real counts, so deep-K gate_up is read once
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
-    return apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED")
+    return _fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode)
+
+
+def _fit_engine(cfg: W4A16Config, mode: str) -> W4A16Config:
+    """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` as a global switch: the contiguous kernel gets the
+    Gluon tile of 128 rows (a whole segment: each weight tile read once per segment), or of 64
+    rows when ``LOWBIT_W4A16_GROUPED_BLOCK_M=64`` asks for it; the masked kernel has no Gluon
+    version and stays on Triton, with the reason said."""
+    if cfg.engine == "triton":
+        return cfg
+    if cfg.engine != "gluon":
+        raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
+    if mode != "contiguous":
+        return replace(cfg, engine="triton", reason=f"{cfg.reason}; gluon has no {mode} kernel: triton")
+    from .w4a16_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+
+    rows = cfg.block_m if "LOWBIT_W4A16_GROUPED_BLOCK_M=" in cfg.reason else CONTIGUOUS_ALIGNMENT
+    bw, br, warps, stages = next((t for t in GLUON_TILES if t[1] == rows), GLUON_TILES[0])
+    return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
+                   reason=f"{cfg.reason}; gluon tile {bw} weight rows x {br} rows, {stages} stages")
 
 
 def w4a16_grouped_config(mode: str, m: int, n: int, k: int, g: int, expected_m: int = 0) -> W4A16Config:
@@ -179,6 +199,11 @@ def contiguous(
     out = _check_out(out, m, w.n, a2.device)
     if m == 0:
         return out
+    if config.engine == "gluon":
+        _contiguous_gluon(a2, w, m_indices, out, config)
+        return out
+    if config.engine != "triton":
+        raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
     grid = (m // config.block_m, triton.cdiv(w.n, config.block_n))
     _w4a16_contiguous_kernel[grid](
         a2, w.qweight, w.scales, out, m_indices,
@@ -188,6 +213,27 @@ def contiguous(
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
+
+
+def _contiguous_gluon(a2, w, m_indices, out, config: W4A16Config) -> None:
+    """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows."""
+    from .._env import interpreter_active  # noqa: PLC0415
+
+    if interpreter_active() or a2.device.type != "cuda":
+        raise ValueError("contiguous: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
+                         "interpreter; use engine='triton')")
+    if torch.cuda.get_device_capability(a2.device)[0] != 9:
+        raise ValueError("contiguous: engine='gluon' is the sm_90 (Hopper) kernel")
+    from .w4a16_sm90 import GLUON_TILES, tma_compatible, w4a16_contiguous_sm90_launch  # noqa: PLC0415
+
+    tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
+    if tile not in GLUON_TILES or not config.swap_ab:
+        raise ValueError(f"contiguous: the gluon engine runs the tiles (weight rows, rows, warps, stages) in "
+                         f"{GLUON_TILES} with swap_ab, got {tile}, swap_ab={config.swap_ab}")
+    why = tma_compatible(a2)
+    if why:
+        raise ValueError(f"contiguous: engine='gluon' loads through TMA: {why}")
+    w4a16_contiguous_sm90_launch(a2, w, m_indices, out, tile)
 
 
 def masked(
@@ -232,6 +278,8 @@ def masked(
         config = w4a16_grouped_config("masked", g * max_m, w.n, w.k, g, expected_m)
     if config.split_k != 1:
         raise ValueError("split-K is implemented for the indexed W4A16 kernel only")
+    if config.engine != "triton":
+        raise ValueError(f"masked: only the triton engine exists for the masked kernel, got {config.engine!r}")
     out = _check_out(out, g * max_m, w.n, a3.device)
     if max_m == 0:
         return out

@@ -209,6 +209,8 @@ def w4a16_indexed(
     num_routes = m * top_k
     if config is None:
         config = w4a16_indexed_config(num_routes, w.num_experts, w.n, w.k, block_m=block)
+    if config.engine != "triton":
+        raise ValueError(f"w4a16_indexed: only the triton engine exists for the indexed kernel, got {config.engine!r}")
     if config.block_m != block:
         raise ValueError(f"routing was built with block size {block}, config.block_m={config.block_m}")
     if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.numel() != num_routes):

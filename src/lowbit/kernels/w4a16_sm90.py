@@ -1,0 +1,200 @@
+"""Hopper (sm_90a) Gluon kernel of the grouped-contiguous W4A16 GEMM: the dequantization of
+K step ``k + 1`` overlapped with the tensor-core products of step ``k``.
+
+Why it exists. Every Triton W4A16 kernel of this library (indexed, contiguous, masked; every
+tile) compiles to ``wgmma.wait_group 0`` after each K step: Triton retires a step's wgmma
+before the next step's dequantization starts, so the CUDA cores (dequant) and the tensor cores
+(wgmma) take turns (docs/performance.md). Gluon exposes the wait. Here, per 256-wide K step:
+
+1. the next step's INT4 words are loaded from global memory into registers (in flight while
+   this step runs), this step's words are dequantized (`int4_dequant`'s lop3 + fma.bf16x2
+   PTX, the same bits as every other path) and stored into a shared-memory buffer;
+2. the eight ``[64 weight rows, 32]`` x ``[32, BR activation rows]`` products of the step
+   are issued as asynchronous wgmmas on one accumulator (weight rows on the M side, as the
+   Triton kernels' swap-AB tiles);
+3. ``warpgroup_mma_wait(8)`` retires the *previous* step's products only: the step just issued
+   keeps the tensor cores busy while the next iteration dequantizes.
+
+Activations come by TMA, one ``[BR, 32]`` box per K group (the packed weight pairs group i with
+group i + 4 in one word, so the K order inside a step is the packing's, and each weight group
+meets the activation columns of the same group), through a ``STAGES``-deep ring. Dequantized
+weights ping-pong between two sets of eight ``[64, 32]`` buffers: a set is rewritten two steps
+after its products were issued, by which time the wait above has retired them.
+
+Status: compiled for sm_90a by the compile tier (HGMMA in the SASS, ``wgmma.wait_group 8`` in
+the PTX); NOT yet run on a GPU, so it is opt-in (``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` or
+``W4A16Config(engine="gluon")``) until the GPU test and the benchmark have run it. Gluon does not
+run under the Triton interpreter: the Triton kernel stays the path on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .int4_dequant import DEQUANT_PAIR_PTX
+
+__all__ = ["GLUON_TILES", "compile_configs", "tma_compatible", "w4a16_contiguous_sm90_launch"]
+
+#: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
+#: wgmma M side; 128 activation rows = one contiguous segment. Shared memory: the activation
+#: ring (8 boxes of [BR, 32] bf16 a stage: 64 KB at BR 128) + two sets of dequantized weights
+#: (2 x 8 x 4 KB).
+GLUON_TILES = ((64, 128, 4, 2), (64, 64, 4, 3))
+_GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
+
+
+@gluon.jit
+def _dequant_pair(words, s_lo, s_hi):
+    """bf16 weights of groups i and i + 4 from words shifted by 4i (`int4_dequant` layout)."""
+    _, s_lo = gl.broadcast(words, s_lo)
+    _, s_hi = gl.broadcast(words, s_hi)
+    return gl.inline_asm_elementwise(DEQUANT_PAIR_PTX, "=h,=h,r,h,h", [words, s_lo, s_hi],
+                                     dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _w4a16_contiguous_sm90_kernel(
+    x_desc, qw_ptr, s_ptr, c_ptr, m_idx_ptr,
+    N, K,
+    stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
+    BW: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+):
+    BR: gl.constexpr = x_desc.block_type.shape[0]
+    pid_r = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    r0 = pid_r * BR
+    e = gl.load(m_idx_ptr + r0)
+    if e < 0:  # a padding block: its rows are never read
+        return
+    n0 = pid_n * BW
+
+    # registers: the words of one step, [BW, 32] int32, 16-byte loads along the row
+    words_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    wrow_l: gl.constexpr = gl.SliceLayout(1, words_l)
+    wcol_l: gl.constexpr = gl.SliceLayout(0, words_l)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+
+    deq_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, 32], gl.bfloat16)
+    deq = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BW, 32], deq_l)
+    xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    nk = gl.cdiv(K, 256)
+    step_bytes: gl.constexpr = _GROUPS * x_desc.block_type.nbytes
+    for i in gl.static_range(STAGES - 1):  # prologue: activation steps 0 .. STAGES-2 in flight
+        live = i < nk
+        mbarrier.expect(ready.index(i), step_bytes, pred=live)
+        for g in gl.static_range(_GROUPS):
+            tma.async_copy_global_to_shared(x_desc, [r0, i * 256 + g * 32], ready.index(i),
+                                            xs.index(i * _GROUPS + g), pred=live)
+
+    rn = n0 + gl.arange(0, BW, layout=wrow_l)
+    n_ok = rn < N
+    j = gl.arange(0, 32, layout=wcol_l)
+    qw_rows = qw_ptr + e.to(gl.int64) * stride_qe + rn[:, None].to(gl.int64) * stride_qn + j[None, :]
+    s_rows = s_ptr + e.to(gl.int64) * stride_se + rn
+    words = gl.load(qw_rows, mask=n_ok[:, None], other=0)  # step 0
+
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    for kt in range(nk):
+        # the next step's words travel while this step is dequantized and multiplied
+        words_next = gl.load(qw_rows + (kt + 1) * 32, mask=n_ok[:, None] & (kt + 1 < nk), other=0)
+        p = kt % 2
+        for i in gl.static_range(4):
+            s_lo = gl.load(s_rows + (kt * 8 + i) * stride_sk, mask=n_ok, other=0.0)
+            s_hi = gl.load(s_rows + (kt * 8 + i + 4) * stride_sk, mask=n_ok, other=0.0)
+            w_lo, w_hi = _dequant_pair(words >> (4 * i), s_lo[:, None], s_hi[:, None])
+            deq.index(p * _GROUPS + i).store(w_lo)
+            deq.index(p * _GROUPS + i + 4).store(w_hi)
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's part of the tile is in shared memory
+        s = kt % STAGES
+        mbarrier.wait(ready.index(s), (kt // STAGES) & 1)
+        for g in gl.static_range(_GROUPS):
+            acc = warpgroup_mma(deq.index(p * _GROUPS + g), xs.index(s * _GROUPS + g).permute((1, 0)), acc,
+                                is_async=True)
+        # retire step kt-1's eight products; step kt's stay on the tensor cores
+        acc = warpgroup_mma_wait(num_outstanding=_GROUPS, deps=(acc,))
+        nxt = kt + STAGES - 1  # its stage held step kt-1, retired just now
+        ns = nxt % STAGES
+        live = nxt < nk
+        mbarrier.expect(ready.index(ns), step_bytes, pred=live)
+        for g in gl.static_range(_GROUPS):
+            tma.async_copy_global_to_shared(x_desc, [r0, nxt * 256 + g * 32], ready.index(ns),
+                                            xs.index(ns * _GROUPS + g), pred=live)
+        words = words_next
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    # acc[i, r] = out[r0 + r, n0 + i]: the weight rows are the output columns
+    orow_l: gl.constexpr = gl.SliceLayout(1, mma)
+    ocol_l: gl.constexpr = gl.SliceLayout(0, mma)
+    on = n0 + gl.arange(0, BW, layout=orow_l)
+    orr = r0 + gl.arange(0, BR, layout=ocol_l)
+    row_live = gl.load(m_idx_ptr + orr) >= 0  # padding rows are not written
+    c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
+    gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
+
+
+def _x_layout(br: int):
+    return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
+
+
+def tma_compatible(a2: torch.Tensor) -> str | None:
+    """None when the activations can be TMA-described (16-byte aligned base and row stride)."""
+    if a2.data_ptr() % 16 or (a2.stride(0) * 2) % 16:
+        return f"a2 needs a 16-byte aligned base and row stride for TMA (row stride {a2.stride(0)} elements)"
+    return None
+
+
+def w4a16_contiguous_sm90_launch(a2, w, m_indices, out, tile) -> None:
+    """Launch on validated operands (`w4a16_grouped.contiguous` checks them): a2 ``bf16 [m, K]``,
+    w a contiguous-mode `W4A16Weight`, m_indices ``int32 [m]``, out ``bf16 [m, N]``; tile one of
+    `GLUON_TILES`."""
+    bw, br, warps, stages = tile
+    m = a2.shape[0]
+    x_desc = TensorDescriptor(a2, [m, w.k], [a2.stride(0), 1], [br, 32], _x_layout(br))
+    grid = (m // br, triton.cdiv(w.n, bw))
+    _w4a16_contiguous_sm90_kernel[grid](
+        x_desc, w.qweight, w.scales, out, m_indices, w.n, w.k,
+        w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1), out.stride(0),
+        BW=bw, STAGES=stages, num_warps=warps,
+    )
+
+
+def compile_configs():
+    """The Gluon tiles for the compile tier."""
+    from triton.runtime.jit import mangle_type
+
+    from .compile_tier import KernelConfig
+
+    cfgs = []
+    for bw, br, warps, stages in GLUON_TILES:
+        probe = torch.empty(16, 16, dtype=torch.bfloat16)  # types only: dtype, block, layout
+        sig = {
+            "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
+            "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "m_idx_ptr": "*i32", "N": "i32", "K": "i32",
+            "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32", "stride_cm": "i32",
+            "BW": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr",
+        }
+        cfgs.append(KernelConfig(
+            f"w4a16_contiguous_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages}]", _w4a16_contiguous_sm90_kernel,
+            sig, {"BW": bw, "STAGES": stages, "num_warps": warps}, num_warps=warps, num_stages=1,
+            expect_sass=("HGMMA",), expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",),
+            unaligned=("N", "K")))
+    return cfgs
