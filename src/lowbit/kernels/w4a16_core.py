@@ -20,7 +20,7 @@ import triton.language as tl
 from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
-__all__ = ["W4A16Config", "w4a16_tile", "VALIDATED_TILES", "apply_env_overrides", "env_key", "override_names"]
+__all__ = ["VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "env_key", "override_names", "w4a16_tile"]
 
 
 @triton.jit

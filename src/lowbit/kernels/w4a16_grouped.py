@@ -36,7 +36,7 @@ from .w4a16_core import (
     w4a16_tile,
 )
 
-__all__ = ["contiguous", "masked", "w4a16_grouped_config", "explain_w4a16_grouped_config", "ENV_OVERRIDES"]
+__all__ = ["ENV_OVERRIDES", "contiguous", "explain_w4a16_grouped_config", "masked", "w4a16_grouped_config"]
 
 ENV_OVERRIDES = override_names("W4A16_GROUPED")
 
@@ -118,7 +118,7 @@ def _fit_engine(cfg: W4A16Config, mode: str) -> W4A16Config:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
     if mode != "contiguous":
         return replace(cfg, engine="triton", reason=f"{cfg.reason}; gluon has no {mode} kernel: triton")
-    from .w4a16_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+    from .w4a16_sm90 import GLUON_TILES
 
     rows = cfg.block_m if "LOWBIT_W4A16_GROUPED_BLOCK_M=" in cfg.reason else CONTIGUOUS_ALIGNMENT
     bw, br, warps, stages = next((t for t in GLUON_TILES if t[1] == rows), GLUON_TILES[0])
@@ -217,14 +217,14 @@ def contiguous(
 
 def _contiguous_gluon(a2, w, m_indices, out, config: W4A16Config) -> None:
     """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows."""
-    from .._env import interpreter_active  # noqa: PLC0415
+    from .._env import interpreter_active
 
     if interpreter_active() or a2.device.type != "cuda":
         raise ValueError("contiguous: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
                          "interpreter; use engine='triton')")
     if torch.cuda.get_device_capability(a2.device)[0] != 9:
         raise ValueError("contiguous: engine='gluon' is the sm_90 (Hopper) kernel")
-    from .w4a16_sm90 import GLUON_TILES, tma_compatible, w4a16_contiguous_sm90_launch  # noqa: PLC0415
+    from .w4a16_sm90 import GLUON_TILES, tma_compatible, w4a16_contiguous_sm90_launch
 
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in GLUON_TILES or not config.swap_ab:
