@@ -78,10 +78,34 @@ def test_contiguous_gluon_engine_matches_reference(shape, tile, gen):
     assert_close(out.cpu()[rows].float(), tri.cpu()[rows].float(), "bf16_out", "gluon vs triton engine")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(64, 128, 4, 2), (64, 64, 4, 3)], ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
+@pytest.mark.parametrize("flat", [False, True], ids=["3d", "flat"])
+def test_masked_gluon_engine_matches_reference(flat, tile, gen):
+    """Masked layout through the Gluon kernel: max_m = 80 is not a multiple of the row tile
+    (a tile crosses into the next expert's slab, whose rows must not be written), counts 0,
+    max_m, a few rows and a count above max_m (clamped); K off the 256-wide step."""
+    from dataclasses import replace
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    g, n, k, max_m = 4, 136, 544, 80
+    wq, pw = _weights(g, n, k, gen, "masked", "cuda")
+    a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, max_m + 9], gen, "cuda")
+    bw, br, warps, stages = tile
+    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine="gluon")
+    out = poison_(torch.empty(g * max_m, n, dtype=torch.bfloat16, device="cuda"))
+    masked(a3.view(g * max_m, k) if flat else a3, pw, mm, 32, out=out, config=cfg)
+    ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
+    valid = (torch.arange(max_m)[None, :] < mm.cpu().clamp(max=max_m)[:, None]).reshape(-1)
+    assert_close(out.cpu()[valid].float(), ref.reshape(g * max_m, n)[valid], "bf16_out", "valid rows")
+    assert (out.cpu()[~valid].float() > 1e30).all(), "rows past masked_m must not be written"
+
+
 def test_gluon_engine_contract(gen, monkeypatch):
-    """engine='gluon': contiguous only, never under the interpreter / on the CPU; the
-    LOWBIT_W4A16_GROUPED_ENGINE switch maps to the Gluon tile (contiguous) or keeps Triton
-    (masked); the indexed kernel refuses it."""
+    """engine='gluon': never under the interpreter / on the CPU; the
+    LOWBIT_W4A16_GROUPED_ENGINE switch maps each mode to a Gluon tile (128 rows contiguous,
+    the heuristic's 64 rows masked)."""
     from dataclasses import replace
 
     wq, pw = _weights(2, 64, 256, gen, "contiguous", "cpu")
@@ -93,15 +117,19 @@ def test_gluon_engine_contract(gen, monkeypatch):
     with pytest.raises(ValueError, match="engine must be"):
         contiguous(a2, pw, m_idx, config=replace(cfg, engine="cuda"))
     _, pm = _weights(2, 64, 256, gen, "masked", "cpu")
-    with pytest.raises(ValueError, match="only the triton engine"):
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            masked(torch.zeros(2, 16, 256, dtype=torch.bfloat16), pm, torch.tensor([3, 0], dtype=torch.int32), 4,
+                   config=replace(cfg, block_m=64, num_stages=3))
+    with pytest.raises(ValueError, match="engine must be"):
         masked(torch.zeros(2, 16, 256, dtype=torch.bfloat16), pm, torch.tensor([3, 0], dtype=torch.int32), 4,
-               config=cfg)
+               config=replace(cfg, engine="cuda"))
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon")
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
     assert (c.engine, c.block_n, c.block_m, c.num_warps, c.swap_ab) == ("gluon", 64, 128, 4, True), c
     assert "LOWBIT_W4A16_GROUPED_ENGINE=gluon" in c.reason
     mk = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=32)
-    assert mk.engine == "triton" and "no masked kernel" in mk.reason
+    assert (mk.engine, mk.block_n, mk.block_m, mk.num_stages) == ("gluon", 64, 64, 3), mk
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "cuda")
     with pytest.raises(ValueError, match="LOWBIT_W4A16_GROUPED_ENGINE"):
         w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)

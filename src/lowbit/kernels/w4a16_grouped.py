@@ -108,19 +108,20 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, e
 
 
 def _fit_engine(cfg: W4A16Config, mode: str) -> W4A16Config:
-    """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` as a global switch: the contiguous kernel gets the
-    Gluon tile of 128 rows (a whole segment: each weight tile read once per segment), or of 64
-    rows when ``LOWBIT_W4A16_GROUPED_BLOCK_M=64`` asks for it; the masked kernel has no Gluon
-    version and stays on Triton, with the reason said."""
+    """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` as a global switch: the Gluon tile with 128 rows
+    for contiguous (a whole segment: each weight tile read once per segment), 64 or 128 rows
+    for masked (the M tile the heuristic chose, capped at 128), or the rows that
+    ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for, with the reason said."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine != "gluon":
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
-    if mode != "contiguous":
-        return replace(cfg, engine="triton", reason=f"{cfg.reason}; gluon has no {mode} kernel: triton")
     from .w4a16_sm90 import GLUON_TILES
 
-    rows = cfg.block_m if "LOWBIT_W4A16_GROUPED_BLOCK_M=" in cfg.reason else CONTIGUOUS_ALIGNMENT
+    if "LOWBIT_W4A16_GROUPED_BLOCK_M=" in cfg.reason or mode == "masked":
+        rows = 64 if cfg.block_m <= 64 else 128
+    else:
+        rows = CONTIGUOUS_ALIGNMENT
     bw, br, warps, stages = next((t for t in GLUON_TILES if t[1] == rows), GLUON_TILES[0])
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; gluon tile {bw} weight rows x {br} rows, {stages} stages")
@@ -200,7 +201,7 @@ def contiguous(
     if m == 0:
         return out
     if config.engine == "gluon":
-        _contiguous_gluon(a2, w, m_indices, out, config)
+        _launch_gluon("contiguous", a2, w, m_indices, out, config)
         return out
     if config.engine != "triton":
         raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
@@ -215,25 +216,25 @@ def contiguous(
     return out
 
 
-def _contiguous_gluon(a2, w, m_indices, out, config: W4A16Config) -> None:
+def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0) -> None:
     """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows."""
     from .._env import interpreter_active
 
-    if interpreter_active() or a2.device.type != "cuda":
-        raise ValueError("contiguous: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
+    if interpreter_active() or a.device.type != "cuda":
+        raise ValueError(f"{mode}: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
                          "interpreter; use engine='triton')")
-    if torch.cuda.get_device_capability(a2.device)[0] != 9:
-        raise ValueError("contiguous: engine='gluon' is the sm_90 (Hopper) kernel")
-    from .w4a16_sm90 import GLUON_TILES, tma_compatible, w4a16_contiguous_sm90_launch
+    if torch.cuda.get_device_capability(a.device)[0] != 9:
+        raise ValueError(f"{mode}: engine='gluon' is the sm_90 (Hopper) kernel")
+    from .w4a16_sm90 import GLUON_TILES, tma_compatible, w4a16_grouped_sm90_launch
 
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in GLUON_TILES or not config.swap_ab:
-        raise ValueError(f"contiguous: the gluon engine runs the tiles (weight rows, rows, warps, stages) in "
+        raise ValueError(f"{mode}: the gluon engine runs the tiles (weight rows, rows, warps, stages) in "
                          f"{GLUON_TILES} with swap_ab, got {tile}, swap_ab={config.swap_ab}")
-    why = tma_compatible(a2)
+    why = tma_compatible(a)
     if why:
-        raise ValueError(f"contiguous: engine='gluon' loads through TMA: {why}")
-    w4a16_contiguous_sm90_launch(a2, w, m_indices, out, tile)
+        raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
+    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m)
 
 
 def masked(
@@ -278,11 +279,14 @@ def masked(
         config = w4a16_grouped_config("masked", g * max_m, w.n, w.k, g, expected_m)
     if config.split_k != 1:
         raise ValueError("split-K is implemented for the indexed W4A16 kernel only")
-    if config.engine != "triton":
-        raise ValueError(f"masked: only the triton engine exists for the masked kernel, got {config.engine!r}")
     out = _check_out(out, g * max_m, w.n, a3.device)
     if max_m == 0:
         return out
+    if config.engine == "gluon":
+        _launch_gluon("masked", a_flat, w, masked_m, out, config, max_m)
+        return out
+    if config.engine != "triton":
+        raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
     grid = (g, triton.cdiv(max_m, config.block_m), triton.cdiv(w.n, config.block_n))
     _w4a16_masked_kernel[grid](
         a_flat, w.qweight, w.scales, out, masked_m,

@@ -1,5 +1,5 @@
-"""Hopper (sm_90a) Gluon kernel of the grouped-contiguous W4A16 GEMM: the dequantization of
-K step ``k + 1`` overlapped with the tensor-core products of step ``k``.
+"""Hopper (sm_90a) Gluon kernel of the grouped W4A16 GEMMs (contiguous and masked layouts): the
+dequantization of K step ``k + 1`` overlapped with the tensor-core products of step ``k``.
 
 Why it exists. Every Triton W4A16 kernel of this library (indexed, contiguous, masked; every
 tile) compiles to ``wgmma.wait_group 0`` after each K step: Triton retires a step's wgmma
@@ -23,7 +23,7 @@ after its products were issued, by which time the wait above has retired them.
 
 Status: compiled for sm_90a by the compile tier (HGMMA in the SASS, ``wgmma.wait_group 8`` in
 the PTX); NOT yet run on a GPU, so it is opt-in (``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` or
-``W4A16Config(engine="gluon")``) until the GPU test and the benchmark have run it. Gluon does not
+``W4A16Config(engine="gluon")``) until the GPU tests and the benchmark have run it. Gluon does not
 run under the Triton interpreter: the Triton kernel stays the path on CPU.
 """
 
@@ -44,7 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .int4_dequant import DEQUANT_PAIR_PTX
 
-__all__ = ["GLUON_TILES", "compile_configs", "tma_compatible", "w4a16_contiguous_sm90_launch"]
+__all__ = ["GLUON_TILES", "compile_configs", "tma_compatible", "w4a16_grouped_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
 #: wgmma M side; 128 activation rows = one contiguous segment. Shared memory: the activation
@@ -64,19 +64,31 @@ def _dequant_pair(words, s_lo, s_hi):
 
 
 @gluon.jit
-def _w4a16_contiguous_sm90_kernel(
-    x_desc, qw_ptr, s_ptr, c_ptr, m_idx_ptr,
-    N, K,
+def _w4a16_grouped_sm90_kernel(
+    x_desc, qw_ptr, s_ptr, c_ptr, route_ptr,
+    N, K, max_m,
     stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
-    BW: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    BW: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
 ):
+    """Contiguous (MASKED=0): grid (m / BR, N tiles), route_ptr = m_indices, the expert of each
+    row (-1 = padding). Masked (MASKED=1): grid (G * cdiv(max_m, BR), N tiles), route_ptr =
+    masked_m, the valid rows of each expert's max_m-row slab."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
     pid_r = gl.program_id(0)
     pid_n = gl.program_id(1)
-    r0 = pid_r * BR
-    e = gl.load(m_idx_ptr + r0)
-    if e < 0:  # a padding block: its rows are never read
-        return
+    if MASKED:
+        blocks = gl.cdiv(max_m, BR)
+        e = pid_r // blocks
+        rb = (pid_r % blocks) * BR  # first row inside the expert's slab
+        valid = gl.minimum(gl.load(route_ptr + e), max_m)
+        if rb >= valid:  # past this expert's rows: nothing to compute
+            return
+        r0 = e * max_m + rb
+    else:
+        r0 = pid_r * BR
+        e = gl.load(route_ptr + r0)
+        if e < 0:  # a padding block: its rows are never read
+            return
     n0 = pid_n * BW
 
     # registers: the words of one step, [BW, 32] int32, 16-byte loads along the row
@@ -146,7 +158,10 @@ def _w4a16_contiguous_sm90_kernel(
     ocol_l: gl.constexpr = gl.SliceLayout(0, mma)
     on = n0 + gl.arange(0, BW, layout=orow_l)
     orr = r0 + gl.arange(0, BR, layout=ocol_l)
-    row_live = gl.load(m_idx_ptr + orr) >= 0  # padding rows are not written
+    if MASKED:
+        row_live = orr - e * max_m < valid  # rows past masked_m[e] are not written
+    else:
+        row_live = gl.load(route_ptr + orr) >= 0  # padding rows are not written
     c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
     gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
 
@@ -155,25 +170,26 @@ def _x_layout(br: int):
     return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
 
 
-def tma_compatible(a2: torch.Tensor) -> str | None:
+def tma_compatible(a: torch.Tensor) -> str | None:
     """None when the activations can be TMA-described (16-byte aligned base and row stride)."""
-    if a2.data_ptr() % 16 or (a2.stride(0) * 2) % 16:
-        return f"a2 needs a 16-byte aligned base and row stride for TMA (row stride {a2.stride(0)} elements)"
+    if a.data_ptr() % 16 or (a.stride(0) * 2) % 16:
+        return f"the activations need a 16-byte aligned base and row stride (row stride {a.stride(0)} elements)"
     return None
 
 
-def w4a16_contiguous_sm90_launch(a2, w, m_indices, out, tile) -> None:
-    """Launch on validated operands (`w4a16_grouped.contiguous` checks them): a2 ``bf16 [m, K]``,
-    w a contiguous-mode `W4A16Weight`, m_indices ``int32 [m]``, out ``bf16 [m, N]``; tile one of
-    `GLUON_TILES`."""
+def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0) -> None:
+    """Launch on operands `w4a16_grouped` has validated. Contiguous (``max_m == 0``): a
+    ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked (``max_m > 0``): a the flat
+    ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``. w: the mode's `W4A16Weight`; out
+    ``bf16 [rows, N]``; tile one of `GLUON_TILES`."""
     bw, br, warps, stages = tile
-    m = a2.shape[0]
-    x_desc = TensorDescriptor(a2, [m, w.k], [a2.stride(0), 1], [br, 32], _x_layout(br))
-    grid = (m // br, triton.cdiv(w.n, bw))
-    _w4a16_contiguous_sm90_kernel[grid](
-        x_desc, w.qweight, w.scales, out, m_indices, w.n, w.k,
+    rows = a.shape[0]
+    x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
+    blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
+    _w4a16_grouped_sm90_kernel[(blocks, triton.cdiv(w.n, bw))](
+        x_desc, w.qweight, w.scales, out, route, w.n, w.k, max_m,
         w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1), out.stride(0),
-        BW=bw, STAGES=stages, num_warps=warps,
+        BW=bw, STAGES=stages, MASKED=bool(max_m), num_warps=warps,
     )
 
 
@@ -188,13 +204,14 @@ def compile_configs():
         probe = torch.empty(16, 16, dtype=torch.bfloat16)  # types only: dtype, block, layout
         sig = {
             "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
-            "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "m_idx_ptr": "*i32", "N": "i32", "K": "i32",
-            "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32", "stride_cm": "i32",
-            "BW": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr",
+            "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32",
+            "max_m": "i32", "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32",
+            "stride_cm": "i32", "BW": "constexpr", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
         }
-        cfgs.append(KernelConfig(
-            f"w4a16_contiguous_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages}]", _w4a16_contiguous_sm90_kernel,
-            sig, {"BW": bw, "STAGES": stages, "num_warps": warps}, num_warps=warps, num_stages=1,
-            expect_sass=("HGMMA",), expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",),
-            unaligned=("N", "K")))
+        for masked in (False, True):
+            cfgs.append(KernelConfig(
+                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages}]",
+                _w4a16_grouped_sm90_kernel, sig, {"BW": bw, "STAGES": stages, "MASKED": masked, "num_warps": warps},
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
+                expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",), unaligned=("N", "K", "max_m")))
     return cfgs
