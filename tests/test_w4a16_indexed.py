@@ -75,6 +75,57 @@ def test_remote_experts_and_dropped_routes_leave_rows_untouched(gen, device):
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", BLOCKS)
+def test_gluon_engine_matches_reference(block, gen, monkeypatch):
+    """The opt-in Hopper Gluon kernel (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon) through the same
+    checks as the Triton kernel: N and K off the tiles (5 K steps), one token, a hot expert with
+    routing weights and over-allocated buffers, remote experts and dropped routes."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon")
+    assert w4a16_indexed_config(8, 4, 80, 288, block_m=block).engine == "gluon"
+    for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2)):
+        wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
+        out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
+        assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t}")
+    wq, pw, a, ids = _problem(5, 48, 256, 24, 2, gen, "cuda", hot=1)
+    tw = random_topk_weights(24, 2, generator=gen).cuda()
+    out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3)
+    assert_close(out.float(), ref, "bf16_out", "hot expert, weights, over-allocated")
+    wq, pw, a, ids = _problem(6, 40, 256, 9, 2, gen, "cuda")
+    ids.view(-1)[::5] = -1
+    emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
+    out, ref = _check(a, wq_local, pack_w4a16(wq_local).cuda(), ids, block, 2, "cuda", emap=emap)
+    untouched = ids.flatten().cpu() < 2
+    assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
+    assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", "EP map")
+
+
+def test_gluon_engine_contract(gen, monkeypatch):
+    """LOWBIT_W4A16_ENGINE=gluon: the Gluon tile for the routing block (no split-K, even where
+    the heuristic splits), refused without a CUDA GPU, bad engine names refused."""
+    from dataclasses import replace
+
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon")
+    c = w4a16_indexed_config(8, 48, 4096, 7168)  # the one-token grid: split-K 2 on Triton
+    assert (c.engine, c.block_n, c.num_warps, c.split_k) == ("gluon", 64, 4, 1), c
+    assert "LOWBIT_W4A16_ENGINE=gluon" in c.reason
+    wq, pw, a, ids = _problem(3, 64, 256, 2, 2, gen, "cpu")
+    r = routing.moe_align_block_size(ids, c.block_m, 3)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
+                          config=w4a16_indexed_config(4, 3, 64, 256, block_m=c.block_m))
+    with pytest.raises(ValueError, match="engine must be"):
+        w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
+                      config=replace(c, engine="cuda"))
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "cuda")
+    with pytest.raises(ValueError, match="LOWBIT_W4A16_ENGINE"):
+        w4a16_indexed_config(8, 48, 4096, 7168)
+
+
 def test_one_hot_activations_give_the_weight(gen, device):
     """a = eye(K): each output row is the dequantized weight column, exactly (bf16-rounded)."""
     e, n, k = 2, 64, 256

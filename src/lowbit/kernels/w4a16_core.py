@@ -73,8 +73,8 @@ class W4A16Config:
     num_stages: int
     swap_ab: bool
     split_k: int = 1
-    #: "triton" (every tier) or "gluon" (grouped contiguous only: `w4a16_sm90`, the Hopper
-    #: kernel that overlaps dequant with wgmma; opt-in until measured)
+    #: "triton" (every tier) or "gluon" (`w4a16_sm90`, the Hopper kernels that overlap dequant
+    #: with wgmma; opt-in until measured)
     engine: str = "triton"
     reason: str = ""
 
@@ -100,24 +100,21 @@ VALIDATED_TILES: dict[int, tuple[int, int, int, bool]] = {
 #: for the spill-free 16x64 tile, same sweep); every other tile must not spill.
 ALLOWED_SPILL_BYTES: dict[int, int] = {16: 256}
 
-_OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k")
-#: the fields each family lets an environment variable set (only the grouped family has a
-#: second engine)
-_FAMILY_FIELDS = {"W4A16": _OVERRIDE_FIELDS, "W4A16_GROUPED": _OVERRIDE_FIELDS + ("engine",)}
+_OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "engine")
 
 
 def override_names(family: str) -> list[str]:
     """``LOWBIT_<FAMILY>_BLOCK_M`` ... : the documented tuning overrides of a W4A16 family."""
-    return tuning.override_names(family, _FAMILY_FIELDS[family])
+    return tuning.override_names(family, _OVERRIDE_FIELDS)
 
 
 def env_key(family: str) -> tuple:
     """The overrides' current values (part of every memo key)."""
-    return tuning.env_key(family, _FAMILY_FIELDS[family])
+    return tuning.env_key(family, _OVERRIDE_FIELDS)
 
 
 def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
-    return tuning.apply_env_overrides(cfg, family, _FAMILY_FIELDS[family])
+    return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
 
 
 def tile_config(block_m: int, why: str) -> W4A16Config:

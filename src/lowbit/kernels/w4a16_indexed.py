@@ -38,7 +38,7 @@ from .w4a16_core import (
     w4a16_tile,
 )
 
-__all__ = ["W4A16IndexedConfig", "w4a16_indexed", "w4a16_indexed_config", "explain_w4a16_indexed_config"]
+__all__ = ["W4A16IndexedConfig", "explain_w4a16_indexed_config", "w4a16_indexed", "w4a16_indexed_config"]
 
 W4A16IndexedConfig = W4A16Config  # block_m is also the routing block size
 
@@ -150,7 +150,21 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
     cfg = tile_config(block_m, f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else ""))
     cfg = replace(cfg, split_k=split)
-    return apply_env_overrides(cfg, "W4A16")
+    return _fit_engine(apply_env_overrides(cfg, "W4A16"))
+
+
+def _fit_engine(cfg: W4A16Config) -> W4A16Config:
+    """``LOWBIT_W4A16_ENGINE=gluon`` as a global switch: the Gluon kernel's tile with the same
+    routing block size (64 weight rows, 4 warps, no split-K), with the reason said."""
+    if cfg.engine == "triton":
+        return cfg
+    if cfg.engine != "gluon":
+        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
+    from .w4a16_sm90 import INDEXED_TILES
+
+    bw, _, warps = next(t for t in INDEXED_TILES if t[1] == cfg.block_m)
+    return replace(cfg, block_n=bw, num_warps=warps, num_stages=2, swap_ab=True, split_k=1,
+                   reason=f"{cfg.reason}; gluon tile {bw} weight rows x {cfg.block_m} routes")
 
 
 def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None) -> W4A16Config:
@@ -209,8 +223,6 @@ def w4a16_indexed(
     num_routes = m * top_k
     if config is None:
         config = w4a16_indexed_config(num_routes, w.num_experts, w.n, w.k, block_m=block)
-    if config.engine != "triton":
-        raise ValueError(f"w4a16_indexed: only the triton engine exists for the indexed kernel, got {config.engine!r}")
     if config.block_m != block:
         raise ValueError(f"routing was built with block size {block}, config.block_m={config.block_m}")
     if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.numel() != num_routes):
@@ -221,6 +233,11 @@ def w4a16_indexed(
         raise ValueError(f"out must be bf16 [{num_routes}, {w.n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    if config.engine == "gluon":
+        _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config)
+        return out
+    if config.engine != "triton":
+        raise ValueError(f"w4a16_indexed: engine must be 'triton' or 'gluon', got {config.engine!r}")
     n_tiles = triton.cdiv(w.n, config.block_n)
     split = config.split_k
     # split-K: FP32 shares in a workspace, summed (in a fixed order) by a second kernel
@@ -241,6 +258,24 @@ def w4a16_indexed(
             BM=config.block_m, BN=config.block_n, SPLIT_K=split, num_warps=4,
         )
     return out
+
+
+def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config) -> None:
+    """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, one of its tiles."""
+    from .._env import interpreter_active
+
+    if interpreter_active() or a.device.type != "cuda":
+        raise ValueError("w4a16_indexed: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
+                         "interpreter; use engine='triton')")
+    if torch.cuda.get_device_capability(a.device)[0] != 9:
+        raise ValueError("w4a16_indexed: engine='gluon' is the sm_90 (Hopper) kernel")
+    from .w4a16_sm90 import INDEXED_TILES, w4a16_indexed_sm90_launch
+
+    tile = (config.block_n, config.block_m, config.num_warps)
+    if tile not in INDEXED_TILES or config.split_k != 1 or not config.swap_ab:
+        raise ValueError(f"w4a16_indexed: the gluon engine runs the tiles (weight rows, routing block, warps) in "
+                         f"{INDEXED_TILES} with swap_ab and no split-K, got {tile}, split_k={config.split_k}")
+    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile)
 
 
 def compile_configs():
