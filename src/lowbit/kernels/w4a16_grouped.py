@@ -140,7 +140,7 @@ def explain_w4a16_grouped_config(mode: str, m: int, n: int, k: int, g: int, expe
     c = w4a16_grouped_config(mode, m, n, k, g, expected_m)
     return (f"w4a16_grouped {mode} M={m} N={n} K={k} G={g}" + (f" expected_m={expected_m}" if mode == "masked" else "")
             + f": block_m={c.block_m} block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} "
-              f"swap_ab={c.swap_ab} -- {c.reason}")
+              f"swap_ab={c.swap_ab} engine={c.engine} -- {c.reason}")
 
 
 # --------------------------------------------------------------------------- launchers

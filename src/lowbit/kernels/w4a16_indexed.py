@@ -178,7 +178,7 @@ def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, bloc
 def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int) -> str:
     c = w4a16_indexed_config(num_routes, num_experts, n, k)
     return (f"w4a16_indexed M*top_k={num_routes} E={num_experts} N={n} K={k}: block_m={c.block_m} "
-            f"block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} "
+            f"block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} engine={c.engine} "
             f"-- {c.reason}")
 
 
