@@ -8,7 +8,9 @@
 #   STEPS          which steps, default "tests bench"
 #   TESTS          pytest targets, default "tests"; PYTEST_ARGS extra pytest arguments
 #   BENCH_ARGS     extra `python -m lowbit bench` arguments (e.g. "--cases ep8_indexed_t20")
-#   TEST_TIMEOUT / BENCH_TIMEOUT   seconds per step (defaults 330 / 240: one device call is <= 600 s)
+#   SWEEPS         plans for the "sweeps" step (default scripts/sweeps/*.json; docs/gpu.md)
+#   TEST_TIMEOUT / BENCH_TIMEOUT / SWEEP_TIMEOUT   seconds per step (defaults 330 / 240 / 240:
+#                  one device call is <= 600 s)
 #   LOWBIT_COMMIT  commit id to stamp on the rows (.git does not travel to the device)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,8 +57,25 @@ if [[ " $STEPS " == *" bench "* ]]; then
     bench_rc=$?
 fi
 
-# 5. Short table last: per-layer (gate_up + down) rows of every case and provider.
-echo "== summary: pytest rc=$tests_rc (pytest.log), bench rc=$bench_rc (bench.log, bench/results.json)"
+# 5. Configuration sweeps (scripts/config_sweep.py): one summary per plan, rows in sweeps/*.json.
+sweep_rc="not run"
+if [[ " $STEPS " == *" sweeps "* ]]; then
+    mkdir -p "$OUT/sweeps"
+    sweep_rc=0
+    deadline=$((SECONDS + ${SWEEP_TIMEOUT:-240}))
+    for plan in ${SWEEPS:-scripts/sweeps/*.json}; do
+        left=$((deadline - SECONDS))
+        if (( left <= 5 )); then echo "sweeps: out of time before $plan"; sweep_rc=124; break; fi
+        name=$(basename "$plan" .json)
+        echo "== sweep $name"
+        timeout "$left" python3 scripts/config_sweep.py "$plan" --rep-ms 20 --out "$OUT/sweeps/$name.json" \
+            >"$OUT/sweeps/$name.log" 2>&1 || sweep_rc=$?
+        sed -n '/== best per case/,$p' "$OUT/sweeps/$name.log"
+    done
+fi
+
+# 6. Short table last: per-layer (gate_up + down) rows of every case and provider.
+echo "== summary: pytest rc=$tests_rc (pytest.log), bench rc=$bench_rc (bench.log, bench/results.json), sweeps rc=$sweep_rc (sweeps/)"
 if [[ -f "$OUT/bench/results.json" ]]; then
     python3 - "$OUT/bench/results.json" <<'PY'
 import json, sys
@@ -65,4 +84,5 @@ rows = json.load(open(sys.argv[1]))
 print(format_table([r for r in rows if r["projection"] in ("sum", "layer", "op") or r["status"] != "ok"]))
 PY
 fi
-[[ "$tests_rc" == 0 || "$tests_rc" == "not run" ]] && [[ "$bench_rc" == 0 || "$bench_rc" == "not run" ]]
+[[ "$tests_rc" == 0 || "$tests_rc" == "not run" ]] && [[ "$bench_rc" == 0 || "$bench_rc" == "not run" ]] \
+    && [[ "$sweep_rc" == 0 || "$sweep_rc" == "not run" ]]
