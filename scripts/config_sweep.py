@@ -20,11 +20,15 @@ import sys
 import tempfile
 
 
-def run_entry(cases: list[str], env: dict[str, str], rep_ms: float) -> list[dict]:
+def run_entry(cases: list[str], env: dict[str, str], rep_ms: float, timeout: float) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "lowbit", "bench", "--providers", "lowbit", "--cuda-graph", "--no-plot",
                "--rep-ms", str(rep_ms), "--warmup-ms", "10", "--out", tmp, "--cases", *cases]
-        proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300, check=False)
+        try:
+            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
+                                  check=False)
+        except subprocess.TimeoutExpired:  # a hung kernel (e.g. an mbarrier never completing)
+            return [{"case": c, "status": f"timed out after {timeout:.0f} s"} for c in cases]
         path = os.path.join(tmp, "results.json")
         if proc.returncode != 0 or not os.path.exists(path):
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
@@ -38,6 +42,7 @@ def main() -> None:
     ap.add_argument("plan")
     ap.add_argument("--rep-ms", type=float, default=30.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--entry-timeout", type=float, default=120.0, help="seconds per plan entry (one process)")
     args = ap.parse_args()
     with open(args.plan) as f:
         plan = json.load(f)
@@ -45,7 +50,7 @@ def main() -> None:
     for entry in plan:
         env = {k: str(v) for k, v in entry.get("env", {}).items()}
         tag = " ".join(f"{k.removeprefix('LOWBIT_')}={v}" for k, v in env.items()) or "(heuristic)"
-        for r in run_entry(entry["cases"], env, args.rep_ms):
+        for r in run_entry(entry["cases"], env, args.rep_ms, args.entry_timeout):
             rows.append({**r, "sweep_env": tag})
             us = r.get("median_us")
             print(f"{r['case']:<28} {tag:<70} {us if us is None else round(us, 1)!s:>9} "
