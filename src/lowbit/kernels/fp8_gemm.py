@@ -51,9 +51,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._env import interpreter_active
 from ..formats.fp8 import e8m0_decode
 from . import numerics
+from .sm90 import require_sm90, tma_problem
 from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = [
@@ -380,15 +380,10 @@ def fp8_gemm(
 
 def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: str) -> None:
     """The opt-in Hopper Gluon kernel (`fp8_gemm_sm90`): a CUDA sm_90 device, TMA-able operands."""
-    if interpreter_active() or a.device.type != "cuda":
-        raise ValueError(f"{who}: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
-                         "interpreter; use engine='triton')")
-    if torch.cuda.get_device_capability(a.device)[0] != 9:
-        raise ValueError(f"{who}: engine='gluon' is the sm_90 (Hopper) kernel, this GPU is "
-                         f"sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))}")
-    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch, tma_compatible
+    require_sm90(a.device, who)
+    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch
 
-    why = tma_compatible(a, b)
+    why = tma_problem(a, "a") or tma_problem(b, "b")
     if why:
         raise ValueError(f"{who}: engine='gluon' loads through TMA: {why}")
     fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m, n, k, config.block_m, config.block_n,

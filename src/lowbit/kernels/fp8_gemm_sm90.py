@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch", "tma_compatible"]
+__all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 
 #: (block_m, block_n, num_warps, stages) the Gluon kernel is built for. 128x128 with two
 #: warpgroups: three live [128, 128] FP32 tiles (running sum, retiring product, product in
@@ -123,17 +123,6 @@ def _fp8_gemm_sm90_kernel(
 def _layouts(bm: int, bn: int):
     return (gl.NVMMASharedLayout.get_default_for([bm, _BK], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([bn, _BK], gl.float8e4nv))
-
-
-def tma_compatible(a: torch.Tensor, b: torch.Tensor) -> str | None:
-    """None when `a` [M, K] and `b` [N, K] (FP8) can be TMA-described; else why not (TMA needs
-    16-byte aligned bases and row strides, and a contiguous K)."""
-    for name, t in (("a", a), ("b", b)):
-        if t.stride(1) != 1:
-            return f"{name} is not contiguous along K"
-        if t.data_ptr() % 16 or t.stride(0) % 16:
-            return f"{name} needs a 16-byte aligned base and row stride for TMA (stride {t.stride(0)})"
-    return None
 
 
 def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: int, block_n: int,

@@ -692,10 +692,11 @@ def moe_decode_gate_up(
         raise ValueError(f"w13 has N={w13.n} rows: must be 2*I (gate rows, then up rows)")
     inter = getattr(w13, "n", 0) // 2
     fmt, codes, scales, swe, swn, sse, ssn, ssg = _weight_args(w13, "w13", 2 * inter, h)
+    w_fmt = _weight_format(w13)
     if codes.device != hidden.device:
         raise ValueError(f"w13 is on {codes.device}, hidden on {hidden.device}")
     e = w13.num_experts
-    config = _pick_config(config, m, top_k, e, h, inter, "int4" if fmt == _FMT_INT4 else "mxfp8")
+    config = _pick_config(config, m, top_k, e, h, inter, w_fmt)
     if out is None:
         out = torch.empty(m, top_k, inter, dtype=torch.bfloat16, device=hidden.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
@@ -745,10 +746,11 @@ def moe_decode_down(
         raise ValueError(f"act has {k_act} slots per token, topk_ids has k={top_k}")
     h = getattr(w2, "n", 0)
     fmt, codes, scales, swe, swn, sse, ssn, ssg = _weight_args(w2, "w2", h, inter)
+    w_fmt = _weight_format(w2)
     if codes.device != act.device:
         raise ValueError(f"w2 is on {codes.device}, act on {act.device}")
     e = w2.num_experts
-    config = _pick_config(config, m, top_k, e, h, inter, "int4" if fmt == _FMT_INT4 else "mxfp8")
+    config = _pick_config(config, m, top_k, e, h, inter, w_fmt)
     if out is None:
         out = torch.empty(m, h, dtype=torch.bfloat16, device=act.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16

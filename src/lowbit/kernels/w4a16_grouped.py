@@ -25,6 +25,7 @@ import triton.language as tl
 from ..formats.w4a16 import W4A16Weight
 from ..routing.layouts import CONTIGUOUS_ALIGNMENT
 from . import numerics
+from .sm90 import require_sm90, tma_problem
 from .w4a16_core import (
     VALIDATED_TILES,
     W4A16Config,
@@ -104,10 +105,11 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, e
         # expected rows plus the 1.3x spread of real counts, so deep-K gate_up is read once
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
-    return _fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode)
+    # the block_m override (first field of the env key) pins the Gluon tile's rows too
+    return _fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode, bool(env[0]))
 
 
-def _fit_engine(cfg: W4A16Config, mode: str) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, mode: str, block_m_forced: bool) -> W4A16Config:
     """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` as a global switch: the Gluon tile with 128 rows
     for contiguous (a whole segment: each weight tile read once per segment), 64 or 128 rows
     for masked (the M tile the heuristic chose, capped at 128), or the rows that
@@ -118,7 +120,7 @@ def _fit_engine(cfg: W4A16Config, mode: str) -> W4A16Config:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
     from .w4a16_sm90 import GLUON_TILES
 
-    if "LOWBIT_W4A16_GROUPED_BLOCK_M=" in cfg.reason or mode == "masked":
+    if block_m_forced or mode == "masked":
         rows = 64 if cfg.block_m <= 64 else 128
     else:
         rows = CONTIGUOUS_ALIGNMENT
@@ -218,20 +220,14 @@ def contiguous(
 
 def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0) -> None:
     """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows."""
-    from .._env import interpreter_active
-
-    if interpreter_active() or a.device.type != "cuda":
-        raise ValueError(f"{mode}: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
-                         "interpreter; use engine='triton')")
-    if torch.cuda.get_device_capability(a.device)[0] != 9:
-        raise ValueError(f"{mode}: engine='gluon' is the sm_90 (Hopper) kernel")
-    from .w4a16_sm90 import GLUON_TILES, tma_compatible, w4a16_grouped_sm90_launch
+    require_sm90(a.device, mode)
+    from .w4a16_sm90 import GLUON_TILES, w4a16_grouped_sm90_launch
 
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in GLUON_TILES or not config.swap_ab:
         raise ValueError(f"{mode}: the gluon engine runs the tiles (weight rows, rows, warps, stages) in "
                          f"{GLUON_TILES} with swap_ab, got {tile}, swap_ab={config.swap_ab}")
-    why = tma_compatible(a)
+    why = tma_problem(a, "the activations")
     if why:
         raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
     w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m)

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..formats.w4a16 import W4A16Weight
 from . import numerics
+from .sm90 import require_sm90
 from .w4a16_core import (
     VALIDATED_TILES,
     W4A16Config,
@@ -262,13 +263,7 @@ def w4a16_indexed(
 
 def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config) -> None:
     """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, one of its tiles."""
-    from .._env import interpreter_active
-
-    if interpreter_active() or a.device.type != "cuda":
-        raise ValueError("w4a16_indexed: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
-                         "interpreter; use engine='triton')")
-    if torch.cuda.get_device_capability(a.device)[0] != 9:
-        raise ValueError("w4a16_indexed: engine='gluon' is the sm_90 (Hopper) kernel")
+    require_sm90(a.device, "w4a16_indexed")
     from .w4a16_sm90 import INDEXED_TILES, w4a16_indexed_sm90_launch
 
     tile = (config.block_n, config.block_m, config.num_warps)

@@ -53,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .int4_dequant import DEQUANT_PAIR_PTX
 
-__all__ = ["GLUON_TILES", "INDEXED_TILES", "compile_configs", "tma_compatible", "w4a16_grouped_sm90_launch",
+__all__ = ["GLUON_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
            "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -271,13 +271,6 @@ def _w4a16_indexed_sm90_kernel(
 
 def _x_layout(br: int):
     return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
-
-
-def tma_compatible(a: torch.Tensor) -> str | None:
-    """None when the activations can be TMA-described (16-byte aligned base and row stride)."""
-    if a.data_ptr() % 16 or (a.stride(0) * 2) % 16:
-        return f"the activations need a 16-byte aligned base and row stride (row stride {a.stride(0)} elements)"
-    return None
 
 
 def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0) -> None:

@@ -1,0 +1,31 @@
+"""What every opt-in Hopper (Gluon) engine checks before it launches: one place, so the three
+launchers (`fp8_gemm`, `w4a16_indexed`, `w4a16_grouped`) refuse the same things the same way."""
+
+from __future__ import annotations
+
+import torch
+
+from .._env import interpreter_active
+
+__all__ = ["require_sm90", "tma_problem"]
+
+
+def require_sm90(device: torch.device, who: str) -> None:
+    """Raise a clear ValueError unless `device` is a CUDA sm_90 GPU and the Triton interpreter
+    is off (Gluon kernels run natively only)."""
+    if interpreter_active() or device.type != "cuda":
+        raise ValueError(f"{who}: engine='gluon' needs a CUDA GPU (Gluon does not run under the Triton "
+                         "interpreter; use engine='triton')")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        raise ValueError(f"{who}: engine='gluon' is the sm_90 (Hopper) kernel, this GPU is sm_{major}{minor}")
+
+
+def tma_problem(t: torch.Tensor, name: str) -> str | None:
+    """None when the 2-D row-major tensor `t` can be TMA-described; else why not (TMA needs a
+    contiguous last dimension, a 16-byte aligned base and 16-byte aligned row strides)."""
+    if t.stride(1) != 1:
+        return f"{name} is not contiguous along its last dimension"
+    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        return f"{name} needs a 16-byte aligned base and row stride for TMA (row stride {t.stride(0)} elements)"
+    return None
