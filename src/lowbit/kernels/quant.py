@@ -333,6 +333,19 @@ def _check_input(x, block: int, who: str) -> None:
         raise FormatError(f"{who}: last dim of {tuple(x.shape)} must be a multiple of block_size={block}")
 
 
+def _groups_view(x, block: int, inplace: bool, out, out_scale, who: str) -> tuple[torch.Tensor, int]:
+    """The quantizers' shared input checks: x as ``[rows, K]`` (`_rows_view`) and its number of
+    `block`-element groups (int32-indexable); in-place takes no output buffers."""
+    _check_input(x, block, who)
+    x2 = _rows_view(x, inplace, who)
+    total = x2.numel() // block
+    if total >= 2**31 // 2:
+        raise FormatError(f"{who}: {total} groups exceed the kernel's int32 group index")
+    if inplace and (out is not None or out_scale is not None):
+        raise FormatError(f"{who}: inplace writes into x; do not pass out / out_scale")
+    return x2, total
+
+
 def _rows_view(x: torch.Tensor, inplace: bool, who: str) -> torch.Tensor:
     """x as [rows, K] with unit stride along K; in-place needs a view (no copy)."""
     k = x.shape[-1]
@@ -413,14 +426,8 @@ def act_quant(
         raise FormatError(f"{who}: unsupported block_size {block_size!r}; supported: {FP8_GROUP_SIZES}")
     if scale_fmt not in FP8_SCALE_FMTS:
         raise FormatError(f"{who}: unsupported scale_fmt {scale_fmt!r}; supported: {FP8_SCALE_FMTS}")
-    _check_input(x, block_size, who)
-    x2 = _rows_view(x, inplace, who)
-    total = x2.numel() // block_size
-    if total >= 2**31 // 2:
-        raise FormatError(f"{who}: {total} groups exceed the kernel's int32 group index")
+    x2, total = _groups_view(x, block_size, inplace, out, out_scale, who)
     if inplace:
-        if out is not None or out_scale is not None:
-            raise FormatError(f"{who}: inplace writes into x; do not pass out / out_scale")
         q = s = x2  # unused by the in-place kernel
     else:
         q = _check_out(out, torch.float8_e4m3fn, tuple(x.shape), x.device, "out", who)
@@ -461,15 +468,9 @@ def fp4_quant(
     block = FP4_SCALE_FMTS[scale_fmt]
     if block_size is not None and block_size != block:
         raise FormatError(f"{who}: scale_fmt={scale_fmt!r} uses blocks of {block}, got block_size={block_size}")
-    _check_input(x, block, who)
-    x2 = _rows_view(x, inplace, who)
-    total = x2.numel() // block
-    if total >= 2**31 // 2:
-        raise FormatError(f"{who}: {total} groups exceed the kernel's int32 group index")
+    x2, total = _groups_view(x, block, inplace, out, out_scale, who)
     e4m3 = scale_fmt == "e4m3"
     if inplace:
-        if out is not None or out_scale is not None:
-            raise FormatError(f"{who}: inplace writes into x; do not pass out / out_scale")
         q = s = x2
     else:
         q = _check_out(out, torch.uint8, (*x.shape[:-1], x.shape[-1] // 2), x.device, "out", who)
