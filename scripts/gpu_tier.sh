@@ -6,7 +6,8 @@
 # Knobs (environment):
 #   OUT            output folder (the device tool sets it; default ./gpu_out)
 #   STEPS          which steps, default "tests bench"
-#   TESTS          pytest targets, default "tests"; PYTEST_ARGS extra pytest arguments
+#   TESTS          pytest targets, default "tests"; PYTEST_ARGS extra pytest arguments (split on
+#                  spaces: no quoting); PYTEST_K a -k expression (may contain spaces)
 #   BENCH_ARGS     extra `python -m lowbit bench` arguments (e.g. "--cases ep8_indexed_t20")
 #   SWEEPS         plans for the "sweeps" step (default scripts/sweeps/*.json; docs/gpu.md)
 #   TEST_TIMEOUT / BENCH_TIMEOUT / SWEEP_TIMEOUT   seconds per step (defaults 330 / 240 / 240:
@@ -43,7 +44,7 @@ if [[ " $STEPS " == *" tests "* ]]; then
     echo "== pytest ${TESTS:-tests}"
     # shellcheck disable=SC2086
     timeout "${TEST_TIMEOUT:-330}" python3 -m pytest ${TESTS:-tests} -q -m "gpu or not gpu" -p no:cacheprovider \
-        ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
+        ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
     tests_rc=$?
     tail -n 25 "$OUT/pytest.log"
 fi

@@ -205,7 +205,7 @@ def _show_config_sections():
         (f"EP8 {m} tok {fmt}", moe_decode.explain_moe_decode_config(m, 8, 48, 7168, 2048, fmt))
         for fmt in ("int4", "mxfp8") for m in (1, 2, 4, 8, 16, 32)]
     yield "fp8_gemm", fp8_gemm.ENV_OVERRIDES, [
-        (f"M={m} N={n} K={k}", fp8_gemm.explain_fp8_gemm_config(m, n, k))
+        (f"M={m} N={n} K={k} on sm_90", fp8_gemm.explain_fp8_gemm_config(m, n, k, gluon=True))
         for m in (16, 128, 4096) for n, k in ((2304, 5120), (5120, 2304))]
     yield "fp4_gemm", fp4_gemm.ENV_OVERRIDES, [
         (f"M={m} N={n} K={k}", fp4_gemm.explain_fp4_gemm_config(m, n, k))

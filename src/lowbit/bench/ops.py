@@ -607,10 +607,11 @@ class Fp8GemmLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.fp8_gemm import fp8_gemm, fp8_gemm_config, num_sms  # noqa: PLC0415
+        from ..kernels.fp8_gemm import fp8_gemm, fp8_gemm_config, gluon_capable, num_sms  # noqa: PLC0415
 
         i = problem.inputs
-        cfg = fp8_gemm_config(i["m"], i["n"], i["k"], num_sms(i["a"].device)) if problem.device.type == "cuda" else None
+        cfg = (fp8_gemm_config(i["m"], i["n"], i["k"], num_sms(i["a"].device), gluon_capable(i["a"], i["b"]))
+               if problem.device.type == "cuda" else None)
         self._config = _cfg_dict(cfg)
         out = torch.empty(i["m"], i["n"], dtype=torch.bfloat16, device=problem.device)
         a, a_s, b, b_s = i["a"], i["a_s"], i["b"], i["b_s"]

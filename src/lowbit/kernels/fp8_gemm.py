@@ -36,8 +36,9 @@ Heuristics (`fp8_gemm_config`): a pure function of (M, N, K, SM count), memoized
 (compile tier) and the grid-fill rule below. Measured on the H200 (2026-11-29, CUDA-graph
 replay, docs/performance.md): 14.5-20.5 us at M=16/128 (torch's per-tensor FP8 GEMM 10.8-12.3),
 629-634 TFLOP/s at M=4096 (0.47-0.50x torch): the tensor cores idle during each K block's
-promotion, which Triton cannot overlap (`lowbit.kernels.fp8_gemm_sm90` explains, and holds the
-opt-in Gluon kernel that does: ``engine="gluon"``).
+promotion, which Triton cannot overlap. `lowbit.kernels.fp8_gemm_sm90` holds the Gluon kernel
+that does (644-676 TFLOP/s, 1.02-1.07x the Triton tile): the default for prefill shapes
+(M > 128) on a Hopper GPU with TMA-able operands, ``engine="triton"`` elsewhere.
 This module also holds what `lowbit.kernels.fp4_gemm` shares: the config type, the overrides,
 the split-K rule and the split-K reduction.
 """
@@ -53,7 +54,7 @@ import triton.language as tl
 
 from ..formats.fp8 import e8m0_decode
 from . import numerics
-from .sm90 import require_sm90, tma_problem
+from .sm90 import is_sm90_native, require_sm90, tma_problem
 from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = [
@@ -212,7 +213,7 @@ def split_k_for(programs: int, k_steps: int, sms: int, m_pad: int, n: int, weigh
 
 
 @lru_cache(maxsize=4096)
-def _config_cached(m: int, n: int, k: int, sms: int, env: tuple) -> BlockScaledConfig:
+def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) -> BlockScaledConfig:
     if m <= 64:
         bm, bn, why = decode_tile(m)
         # smem per stage: (bm + 64) * 128 B <= 16 KB; 4 stages hide DRAM latency on a
@@ -227,6 +228,15 @@ def _config_cached(m: int, n: int, k: int, sms: int, env: tuple) -> BlockScaledC
             f"prefill M={m}: 128x128 tiles, two warpgroups of 64 rows; the two FP32 accumulators "
             f"(running sum + block product) take 128 registers a thread, so 128x256 would spill"))
     kb = triton.cdiv(k, SCALE_BLOCK)
+    if gluon and m > 128 and triton.cdiv(m, 64) * triton.cdiv(n, 128) >= sms:
+        # H200 2026-11-29, CUDA graph, M=4096 (N, K) = (2304, 5120) / (5120, 2304): Gluon 64x128
+        # 142.9 / 150.0 us (676 / 644 TFLOP/s), Gluon 128x128 154.5 / 159.3, Triton 128x128 152.3 /
+        # 152.3. At M=128 Gluon lost on one of the two shapes (25.7 vs 19.6 us), so M <= 128 stays
+        # on Triton; a grid that would need split-K too (the Gluon kernel has none). Between 129
+        # and 4095 rows the choice is extrapolated from M=4096, not measured.
+        return _fit_engine(apply_env_overrides(BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
+            f"prefill M={m} on sm_90: Gluon 64x128 (async wgmma overlapped with the promotion; "
+            f"H200 M=4096: 1.02-1.07x the Triton 128x128 tile)")), "FP8_GEMM", _FIELDS), m)
     programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
     cfg = replace(cfg, split_k=split, reason=cfg.reason + "; " + why)
@@ -251,15 +261,21 @@ def _fit_engine(cfg: BlockScaledConfig, m: int) -> BlockScaledConfig:
                    reason=f"{cfg.reason}; gluon tile {bm}x{bn}, {warps} warps, {stages} stages")
 
 
-def fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS) -> BlockScaledConfig:
+def fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS, gluon: bool = False) -> BlockScaledConfig:
     """Launch configuration of `fp8_gemm` for ``[m, k] x [n, k]^T`` on a GPU with `sms` SMs,
     memoized per shape and the ``LOWBIT_FP8_GEMM_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS,
-    NUM_STAGES, SWAP_AB, SPLIT_K)."""
-    return _config_cached(m, n, k, sms, env_key("FP8_GEMM", _FIELDS))
+    NUM_STAGES, SWAP_AB, SPLIT_K, ENGINE). gluon: the Gluon sm_90 engine may be chosen (a
+    Hopper GPU, TMA-able operands); prefill shapes then get it by default."""
+    return _config_cached(m, n, k, sms, gluon, env_key("FP8_GEMM", _FIELDS))
 
 
-def explain_fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS) -> str:
-    c = fp8_gemm_config(m, n, k, sms)
+def gluon_capable(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the Gluon engine can run these operands (sm_90 GPU, TMA-able a and b)."""
+    return is_sm90_native(a.device) and not (tma_problem(a, "a") or tma_problem(b, "b"))
+
+
+def explain_fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS, gluon: bool = False) -> str:
+    c = fp8_gemm_config(m, n, k, sms, gluon)
     return (f"fp8_gemm M={m} N={n} K={k}: block_m={c.block_m} block_n={c.block_n} warps={c.num_warps} "
             f"stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} engine={c.engine} -- {c.reason}")
 
@@ -367,7 +383,7 @@ def fp8_gemm(
     if k == 0:
         return out.zero_()
     if config is None:
-        config = fp8_gemm_config(m, n, k, num_sms(a.device))
+        config = fp8_gemm_config(m, n, k, num_sms(a.device), gluon_capable(a, b))
     check_config(config, who, engines=("triton", "gluon"))
     if config.engine == "gluon":
         _launch_gluon(a, a_s, b, b_s, out, m, n, k, config, who)
@@ -418,7 +434,7 @@ _UNIT_STRIDES = {"stride_ask": 1, "stride_bsk": 1}
 
 def production_tiles() -> list[BlockScaledConfig]:
     """Every tile the heuristics can pick (split_k is a runtime value; SPLIT_OUT is not)."""
-    tiles = [_config_cached(m, 4096, 7168, 10**6, ()) for m in (1, 17, 33, 100, 4096)]
+    tiles = [_config_cached(m, 4096, 7168, 10**6, False, ()) for m in (1, 17, 33, 100, 4096)]
     return [replace(t, split_k=1, reason="") for t in tiles]
 
 

@@ -495,14 +495,16 @@ _ENGINES = (
 #: H200 sweep, 2026-11-29, Kimi EP8 layer (gate_up + down), CUDA-graph replay, L2 flushed:
 _TILES = {
     # The fma engine's stages are its K loops' software pipelining (``tl.range(num_stages=)``:
-    # cp.async staging of the next steps' words, scales and activations). The sweep below ran
-    # before the loops honoured it (stages 1, 2, 3 measured the same: 168.5 / 169.2 / 169.0 us,
-    # no cp.async in the PTX), so the table keeps 1 -- what was measured -- until a sweep of
-    # LOWBIT_DECODE_NUM_STAGES=2..4 on the H200 says otherwise.
+    # cp.async staging of the next steps' words, scales and activations). Stages sweep with the
+    # pipelined loops (H200, 2026-11-29 third session, CUDA graph; tiles as below), us at M=1 / M=4:
+    #   INT4  fma stages 1 / 2 / 3 / 4: 167.5 / 260.7 / 227.3 / 194.7 (M=1): staging the words
+    #         costs more than it hides (the INT4 loop is issue-bound), so INT4 keeps 1.
+    #   MXFP8 fma stages 1 / 2 / 3 / 4: 176.3 / 167.5 / 151.2 / 156.0 (M=1), 467.2 / 455.3 /
+    #         468.1 / 496.4 (M=4): 3 stages, 1.17x at one token, equal at four.
     # INT4 fma, M=1 / M=2: 64/64/8w 163.7 / 258.7 us; 16/16/4w 169.2 / 291.1; 32/32/4w 186.3 / 277.6
-    ("fma", "int4"): (64, 64, 8, 1, "H200 M=1: 163.7 us (16x16 tiles: 169.2)"),
+    ("fma", "int4"): (64, 64, 8, 1, "H200 M=1: 163.7 us (16x16 tiles: 169.2; 2-4 stages: 194.7+)"),
     # MXFP8 fma, M=1: 16/16/2w 176.7 us; 32/32/4w 200.5; 64/64/8w 244.4; 16/16/4w 254.5
-    ("fma", "mxfp8"): (16, 16, 2, 1, "H200 M=1: 176.7 us (16x16 with 4 warps: 254.5)"),
+    ("fma", "mxfp8"): (16, 16, 2, 3, "H200 M=1: 151.2 us with 3 stages (1 stage: 176.3)"),
     # INT4 dot, M=4 / 8 / 32: 64/64/4w/3s 600.7 / 800.3 / 1285.1 us; 64/32/4w/2s 722.8 / 966.0 /
     # 1828.8; 128/64/8w 729.8 / 957.9 / 1744.9; 32/32/4w 834.0 / 1114.9 / 2227.7
     ("dot", "int4"): (64, 64, 4, 3, "H200 M=8: 800.3 us (64x32 2-stage: 966.0)"),

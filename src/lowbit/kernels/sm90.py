@@ -7,7 +7,14 @@ import torch
 
 from .._env import interpreter_active
 
-__all__ = ["require_sm90", "tma_problem"]
+__all__ = ["is_sm90_native", "require_sm90", "tma_problem"]
+
+
+def is_sm90_native(device: torch.device) -> bool:
+    """True when Gluon sm_90 kernels can run on `device`: a CUDA Hopper GPU, interpreter off
+    (what a heuristic asks before it picks a Gluon engine by default)."""
+    return (not interpreter_active() and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 def require_sm90(device: torch.device, who: str) -> None:
