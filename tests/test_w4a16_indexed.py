@@ -83,12 +83,22 @@ def test_gluon_engine_matches_reference(block, gen, monkeypatch):
     routing weights and over-allocated buffers, remote experts and dropped routes."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
+    from lowbit.kernels.w4a16_sm90 import INDEXED_TILES
+
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon")
     assert w4a16_indexed_config(8, 4, 80, 288, block_m=block).engine == "gluon"
-    for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2)):
-        wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
-        out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
-        assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t}")
+    for stages in sorted({t[3] for t in INDEXED_TILES if t[1] == block}):  # every ring depth of this block
+        monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(stages))
+        assert w4a16_indexed_config(8, 4, 80, 288, block_m=block).num_stages == stages
+        for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2),
+                                  (2, 72, 2304, 6, 2)):  # 9 K steps: the ring wraps several times
+            wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
+            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
+            assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} stages {stages}")
+    monkeypatch.delenv("LOWBIT_W4A16_NUM_STAGES")
+    wq, pw, a, ids = _problem(2, 52, 256, 3, 2, gen, "cuda")  # N % 8: the scales' TMA rows misalign
+    with pytest.raises(ValueError, match="multiple of 8"):
+        _check(a, wq, pw, ids, block, 2, "cuda")
     wq, pw, a, ids = _problem(5, 48, 256, 24, 2, gen, "cuda", hot=1)
     tw = random_topk_weights(24, 2, generator=gen).cuda()
     out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3)

@@ -163,9 +163,11 @@ def _fit_engine(cfg: W4A16Config) -> W4A16Config:
         raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
     from .w4a16_sm90 import INDEXED_TILES
 
-    bw, _, warps = next(t for t in INDEXED_TILES if t[1] == cfg.block_m)
-    return replace(cfg, block_n=bw, num_warps=warps, num_stages=2, swap_ab=True, split_k=1,
-                   reason=f"{cfg.reason}; gluon tile {bw} weight rows x {cfg.block_m} routes")
+    tiles = [t for t in INDEXED_TILES if t[1] == cfg.block_m]
+    # LOWBIT_W4A16_NUM_STAGES picks among the tiles of this routing block; else the first
+    bw, _, warps, stages = next((t for t in tiles if t[3] == cfg.num_stages), tiles[0])
+    return replace(cfg, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
+                   reason=f"{cfg.reason}; gluon tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
 
 
 def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None) -> W4A16Config:
@@ -266,9 +268,9 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     require_sm90(a.device, "w4a16_indexed")
     from .w4a16_sm90 import INDEXED_TILES, w4a16_indexed_sm90_launch
 
-    tile = (config.block_n, config.block_m, config.num_warps)
+    tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in INDEXED_TILES or config.split_k != 1 or not config.swap_ab:
-        raise ValueError(f"w4a16_indexed: the gluon engine runs the tiles (weight rows, routing block, warps) in "
+        raise ValueError(f"w4a16_indexed: the gluon engine runs the tiles (weight rows, routing block, warps, stages) in "
                          f"{INDEXED_TILES} with swap_ab and no split-K, got {tile}, split_k={config.split_k}")
     w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile)
 

@@ -57,13 +57,14 @@ __all__ = ["GLUON_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm9
            "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
-#: wgmma M side; 128 activation rows = one contiguous segment. Shared memory: the activation
-#: ring (8 boxes of [BR, 32] bf16 a stage: 64 KB at BR 128) + two sets of dequantized weights
-#: (2 x 8 x 4 KB).
+#: wgmma M side; 128 activation rows = one contiguous segment. Shared memory a stage: packed
+#: words [64, 32] i32 (8 KB) + scales [8, 64] bf16 (1 KB) + activations 8 x [BR, 32] bf16 (64 KB
+#: at BR 128); plus two sets of dequantized weights (2 x 8 x 4 KB). 227 KB caps the stages.
 GLUON_TILES = ((64, 128, 4, 2), (64, 64, 4, 3))
-#: The indexed kernel's tiles, (weight rows, routing block size, num_warps): its two buffer sets
-#: (dequantized weights and gathered rows) ping-pong, so it has no stage count.
-INDEXED_TILES = ((64, 16, 4), (64, 32, 4), (64, 64, 4))
+#: The indexed kernel's tiles, (weight rows, routing block size, num_warps, stages): the stages
+#: ring holds words + scales (9 KB a stage); gathered rows and dequantized weights ping-pong in
+#: two buffer sets. 3 stages at BR <= 32 keep a CTA under 113 KB: two CTAs an SM.
+INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 
 
@@ -77,26 +78,25 @@ def _dequant_pair(words, s_lo, s_hi):
 
 
 @gluon.jit
-def _weight_rows(qw_ptr, s_ptr, e, n0, N, stride_qe, stride_qn, stride_se, BW: gl.constexpr,
-                 num_warps: gl.constexpr):
-    """Expert `e`'s weight rows ``n0 .. n0+BW``: word pointers ``[BW, 32]`` of K step 0 (a
-    step is 32 words a row), scale pointers ``[BW]`` of group 0, the row mask."""
-    words_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # 16-byte loads
-    rn = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, words_l))
-    n_ok = rn < N
-    j = gl.arange(0, 32, layout=gl.SliceLayout(0, words_l))
-    qw_rows = qw_ptr + e.to(gl.int64) * stride_qe + rn[:, None].to(gl.int64) * stride_qn + j[None, :]
-    return qw_rows, s_ptr + e.to(gl.int64) * stride_se + rn, n_ok
+def _load_weight_step(w_desc, s_desc, wrow, srow, kt, bar, wring, sring, st, pred):
+    """TMA of K step `kt`'s packed words (``[BW, 32]`` i32 at row `wrow`) and scales (``[8, BW]``
+    bf16, rows ``srow + 8kt``) into stage `st`, arriving on `bar`."""
+    tma.async_copy_global_to_shared(w_desc, [wrow, kt * 32], bar, wring.index(st), pred=pred)
+    tma.async_copy_global_to_shared(s_desc, [srow + kt * 8, 0], bar, sring.index(st), pred=pred)
 
 
 @gluon.jit
-def _dequant_step(words, s_rows, n_ok, kt, stride_sk, deq, p):
-    """Dequantize K step `kt` (`words` ``[BW, 32]``) into buffer set `p` of `deq`: buffer
-    ``8p + g`` holds group g (K ``256kt + 32g ..``) of the rows, bf16 ``(q - 8) * s``."""
+def _dequant_step(wring, sring, st, deq, p, num_warps: gl.constexpr):
+    """Dequantize the step held in stage `st` into buffer set `p` of `deq`: buffer ``8p + g``
+    holds group g (K ``256kt + 32g ..``) of the rows, bf16 ``(q - 8) * s``."""
+    words_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # 16 bytes a thread
+    words = wring.index(st).load(words_l)
+    scales = sring.index(st)
     for i in gl.static_range(4):
-        s_lo = gl.load(s_rows + (kt * 8 + i) * stride_sk, mask=n_ok, other=0.0)
-        s_hi = gl.load(s_rows + (kt * 8 + i + 4) * stride_sk, mask=n_ok, other=0.0)
-        w_lo, w_hi = _dequant_pair(words >> (4 * i), s_lo[:, None], s_hi[:, None])
+        # [BW, 1] columns of the [8, BW] scale box: one scale a weight row, broadcast along K
+        s_lo = scales.slice(i, 1, dim=0).permute((1, 0)).load(words_l)
+        s_hi = scales.slice(i + 4, 1, dim=0).permute((1, 0)).load(words_l)
+        w_lo, w_hi = _dequant_pair(words >> (4 * i), s_lo, s_hi)
         deq.index(p * _GROUPS + i).store(w_lo)
         deq.index(p * _GROUPS + i + 4).store(w_hi)
 
@@ -115,15 +115,16 @@ def _issue_step(deq, p, xs, s, acc):
 
 @gluon.jit
 def _w4a16_grouped_sm90_kernel(
-    x_desc, qw_ptr, s_ptr, c_ptr, route_ptr,
-    N, K, max_m,
-    stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
-    BW: gl.constexpr, STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
+    x_desc, w_desc, s_desc, c_ptr, route_ptr,
+    N, K, max_m, stride_cm,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Contiguous (MASKED=0): grid (m / BR, N tiles), route_ptr = m_indices, the expert of each
     row (-1 = padding). Masked (MASKED=1): grid (G * cdiv(max_m, BR), N tiles), route_ptr =
-    masked_m, the valid rows of each expert's max_m-row slab."""
+    masked_m, the valid rows of each expert's max_m-row slab. w_desc: the packed words as
+    ``[E * N, Kp / 8]``; s_desc: the scales as ``[E * Kp / 32, N]``."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
+    BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_r = gl.program_id(0)
     pid_n = gl.program_id(1)
     if MASKED:
@@ -143,54 +144,51 @@ def _w4a16_grouped_sm90_kernel(
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-
     deq_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, 32], gl.bfloat16)
     deq = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BW, 32], deq_l)
     xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
+    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
 
     nk = gl.cdiv(K, 256)
-    step_bytes: gl.constexpr = _GROUPS * x_desc.block_type.nbytes
-    for i in gl.static_range(STAGES - 1):  # prologue: activation steps 0 .. STAGES-2 in flight
+    wrow = e * N + n0
+    srow = e * nk * 8
+    step_bytes: gl.constexpr = _GROUPS * x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    for i in gl.static_range(STAGES - 1):  # prologue: steps 0 .. STAGES-2 in flight
         live = i < nk
         mbarrier.expect(ready.index(i), step_bytes, pred=live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, i, ready.index(i), wring, sring, i, live)
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, i * 256 + g * 32], ready.index(i),
                                             xs.index(i * _GROUPS + g), pred=live)
 
-    qw_rows, s_rows, n_ok = _weight_rows(qw_ptr, s_ptr, e, n0, N, stride_qe, stride_qn, stride_se, BW, num_warps)
-    words = gl.load(qw_rows, mask=n_ok[:, None], other=0)  # step 0
-
     acc = gl.zeros([BW, BR], gl.float32, mma)
     for kt in range(nk):
-        # the next step's words travel while this step is dequantized and multiplied
-        words_next = gl.load(qw_rows + (kt + 1) * 32, mask=n_ok[:, None] & (kt + 1 < nk), other=0)
-        p = kt % 2
-        _dequant_step(words, s_rows, n_ok, kt, stride_sk, deq, p)
         s = kt % STAGES
+        p = kt % 2
         mbarrier.wait(ready.index(s), (kt // STAGES) & 1)
+        _dequant_step(wring, sring, s, deq, p, num_warps)
         acc = _issue_step(deq, p, xs, s, acc)
         # retire step kt-1's eight products; step kt's stay on the tensor cores
         acc = warpgroup_mma_wait(num_outstanding=_GROUPS, deps=(acc,))
-        nxt = kt + STAGES - 1  # its stage held step kt-1, retired just now
+        nxt = kt + STAGES - 1  # its stage held step kt-1: words read, products retired
         ns = nxt % STAGES
         live = nxt < nk
         mbarrier.expect(ready.index(ns), step_bytes, pred=live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, nxt, ready.index(ns), wring, sring, ns, live)
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, nxt * 256 + g * 32], ready.index(ns),
                                             xs.index(ns * _GROUPS + g), pred=live)
-        words = words_next
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
     # acc[i, r] = out[r0 + r, n0 + i]: the weight rows are the output columns
-    orow_l: gl.constexpr = gl.SliceLayout(1, mma)
-    ocol_l: gl.constexpr = gl.SliceLayout(0, mma)
-    on = n0 + gl.arange(0, BW, layout=orow_l)
-    orr = r0 + gl.arange(0, BR, layout=ocol_l)
+    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
+    orr = r0 + gl.arange(0, BR, layout=gl.SliceLayout(0, mma))
     if MASKED:
         row_live = orr - e * max_m < valid  # rows past masked_m[e] are not written
     else:
@@ -200,26 +198,45 @@ def _w4a16_grouped_sm90_kernel(
 
 
 @gluon.jit
-def _gather_step(a_rows, row_ok, kt, K, xs, p, x_l: gl.constexpr):
-    """Gather K step `kt` of the routed activation rows into buffer set `p` of `xs` (one
-    ``[BR, 32]`` buffer a group); columns past K read as 0."""
+def _gather_load(a_rows, row_ok, kt, K, x_l: gl.constexpr):
+    """K step `kt` of the routed activation rows, ``[BR, 32]`` a group, into registers (eight
+    tensors: the loads are in flight while the current step is dequantized); past K reads 0."""
     jx = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
-    for g in gl.static_range(_GROUPS):
-        k = kt * 256 + g * 32 + jx
-        x = gl.load(a_rows + k[None, :], mask=row_ok[:, None] & (k < K)[None, :], other=0.0)
-        xs.index(p * _GROUPS + g).store(x)
+    k0 = kt * 256 + jx
+    x0 = gl.load(a_rows + k0[None, :], mask=row_ok[:, None] & (k0 < K)[None, :], other=0.0)
+    x1 = gl.load(a_rows + (k0 + 32)[None, :], mask=row_ok[:, None] & (k0 + 32 < K)[None, :], other=0.0)
+    x2 = gl.load(a_rows + (k0 + 64)[None, :], mask=row_ok[:, None] & (k0 + 64 < K)[None, :], other=0.0)
+    x3 = gl.load(a_rows + (k0 + 96)[None, :], mask=row_ok[:, None] & (k0 + 96 < K)[None, :], other=0.0)
+    x4 = gl.load(a_rows + (k0 + 128)[None, :], mask=row_ok[:, None] & (k0 + 128 < K)[None, :], other=0.0)
+    x5 = gl.load(a_rows + (k0 + 160)[None, :], mask=row_ok[:, None] & (k0 + 160 < K)[None, :], other=0.0)
+    x6 = gl.load(a_rows + (k0 + 192)[None, :], mask=row_ok[:, None] & (k0 + 192 < K)[None, :], other=0.0)
+    x7 = gl.load(a_rows + (k0 + 224)[None, :], mask=row_ok[:, None] & (k0 + 224 < K)[None, :], other=0.0)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@gluon.jit
+def _gather_store(xs, p, x0, x1, x2, x3, x4, x5, x6, x7):
+    xs.index(p * _GROUPS + 0).store(x0)
+    xs.index(p * _GROUPS + 1).store(x1)
+    xs.index(p * _GROUPS + 2).store(x2)
+    xs.index(p * _GROUPS + 3).store(x3)
+    xs.index(p * _GROUPS + 4).store(x4)
+    xs.index(p * _GROUPS + 5).store(x5)
+    xs.index(p * _GROUPS + 6).store(x6)
+    xs.index(p * _GROUPS + 7).store(x7)
 
 
 @gluon.jit
 def _w4a16_indexed_sm90_kernel(
-    a_ptr, qw_ptr, s_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
-    N, K, num_routes, top_k,
-    stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
-    BR: gl.constexpr, BW: gl.constexpr, MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr,
+    a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
+    N, K, num_routes, top_k, stride_am, stride_cm,
+    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Indexed layout (`moe_align_block_size` routing with block size BR): grid (routing
-    blocks, N tiles). The routed rows are gathered (row ``id // top_k`` for route ``id``) into
-    shared memory a step ahead, as the weights are dequantized a step ahead; output row ``id``."""
+    blocks, N tiles). Words and scales stream through a STAGES-deep TMA ring; the routed rows
+    (row ``id // top_k`` of route ``id``) are loaded into registers one step ahead and stored
+    into the free buffer set once the previous step's products retire; output row ``id``."""
+    BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
@@ -236,27 +253,47 @@ def _w4a16_indexed_sm90_kernel(
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
     deq = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BW, 32], deq_l)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BR, 32], x_sl)
+    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
+    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    nk = gl.cdiv(K, 256)
+    wrow = e * N + n0
+    srow = e * nk * 8
+    step_bytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    for i in gl.static_range(STAGES - 1):
+        live = i < nk
+        mbarrier.expect(ready.index(i), step_bytes, pred=live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, i, ready.index(i), wring, sring, i, live)
 
     ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
     row_ok = ids < num_routes  # sentinel slots are not routes
     a_rows = a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64)[:, None] * stride_am
-    qw_rows, s_rows, n_ok = _weight_rows(qw_ptr, s_ptr, e, n0, N, stride_qe, stride_qn, stride_se, BW, num_warps)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, 0, K, x_l)
+    _gather_store(xs, 0, x0, x1, x2, x3, x4, x5, x6, x7)
 
-    nk = gl.cdiv(K, 256)
-    words = gl.load(qw_rows, mask=n_ok[:, None], other=0)  # step 0
-    _gather_step(a_rows, row_ok, 0, K, xs, 0, x_l)
     acc = gl.zeros([BW, BR], gl.float32, mma)
     for kt in range(nk):
-        words_next = gl.load(qw_rows + (kt + 1) * 32, mask=n_ok[:, None] & (kt + 1 < nk), other=0)
+        s = kt % STAGES
         p = kt % 2
-        _dequant_step(words, s_rows, n_ok, kt, stride_sk, deq, p)
+        # step kt+1's rows travel while step kt is dequantized and multiplied
+        x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok & (kt + 1 < nk), kt + 1, K, x_l)
+        mbarrier.wait(ready.index(s), (kt // STAGES) & 1)
+        _dequant_step(wring, sring, s, deq, p, num_warps)
         acc = _issue_step(deq, p, xs, p, acc)
-        # retire step kt-1's products: its buffer sets (1 - p) are free for step kt+1
+        # retire step kt-1's products: buffer sets 1 - p and stage (kt-1) % STAGES are free
         acc = warpgroup_mma_wait(num_outstanding=_GROUPS, deps=(acc,))
-        if kt + 1 < nk:
-            _gather_step(a_rows, row_ok, kt + 1, K, xs, 1 - p, x_l)
-        words = words_next
+        _gather_store(xs, 1 - p, x0, x1, x2, x3, x4, x5, x6, x7)
+        nxt = kt + STAGES - 1
+        ns = nxt % STAGES
+        live = nxt < nk
+        mbarrier.expect(ready.index(ns), step_bytes, pred=live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, nxt, ready.index(ns), wring, sring, ns, live)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
 
     # acc[i, r] = out[ids[r], n0 + i]
     on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
@@ -273,31 +310,51 @@ def _x_layout(br: int):
     return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
 
 
+_S_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # plain rows: sliced by group
+
+
+def _weight_descs(w, bw: int) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """TMA descriptors of a prepared weight: words ``[E * N, Kp / 8]`` (box ``[bw, 32]``, one
+    K step of `bw` rows) and scales ``[E * Kp / 32, N]`` (box ``[8, bw]``, one step's groups).
+    A box past row N of an expert reads the next expert's rows: those outputs are masked."""
+    e, n, kw = w.qweight.shape
+    if n % 8:
+        raise ValueError(f"engine='gluon' loads the scales ([E * Kp/32, N] bf16) through TMA, whose row "
+                         f"stride must be a multiple of 16 bytes: N={n} is not a multiple of 8 (use engine='triton')")
+    words = w.qweight.view(e * n, kw)
+    scales = w.scales.view(-1, n)
+    w_desc = TensorDescriptor(words, list(words.shape), [kw, 1], [bw, 32],
+                              gl.NVMMASharedLayout.get_default_for([bw, 32], gl.int32))
+    s_desc = TensorDescriptor(scales, list(scales.shape), [n, 1], [8, bw], _S_LAYOUT)
+    return w_desc, s_desc
+
+
 def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0) -> None:
-    """Launch on operands `w4a16_grouped` has validated. Contiguous (``max_m == 0``): a
-    ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked (``max_m > 0``): a the flat
-    ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``. w: the mode's `W4A16Weight`; out
-    ``bf16 [rows, N]``; tile one of `GLUON_TILES`."""
+    """Launch on operands `w4a16_grouped` has validated (N a multiple of 8: TMA row strides).
+    Contiguous (``max_m == 0``): a ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked
+    (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``. w: the
+    mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES`."""
     bw, br, warps, stages = tile
     rows = a.shape[0]
     x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
+    w_desc, s_desc = _weight_descs(w, bw)
     blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
     _w4a16_grouped_sm90_kernel[(blocks, triton.cdiv(w.n, bw))](
-        x_desc, w.qweight, w.scales, out, route, w.n, w.k, max_m,
-        w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1), out.stride(0),
-        BW=bw, STAGES=stages, MASKED=bool(max_m), num_warps=warps,
+        x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
+        STAGES=stages, MASKED=bool(max_m), num_warps=warps,
     )
 
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile) -> None:
-    """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes); tile one
-    of `INDEXED_TILES`, whose routing block size the routing was built with."""
-    bw, br, warps = tile
+    """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
+    multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
+    built with."""
+    bw, br, warps, stages = tile
+    w_desc, s_desc = _weight_descs(w, bw)
     _w4a16_indexed_sm90_kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
-        a, w.qweight, w.scales, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-        w.n, w.k, a.shape[0] * top_k, top_k,
-        a.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1), out.stride(0),
-        BR=br, BW=bw, MUL_WEIGHT=topk_weights is not None, num_warps=warps,
+        a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
+        w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
+        BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps,
     )
 
 
@@ -307,33 +364,39 @@ def compile_configs():
 
     from .compile_tier import KernelConfig
 
+    def descs(bw: int) -> dict[str, str]:  # types only: dtype, block, layout
+        words = torch.empty(64, 64, dtype=torch.int32)
+        scales = torch.empty(64, 64, dtype=torch.bfloat16)
+        return {"w_desc": mangle_type(TensorDescriptor(words, [64, 64], [64, 1], [bw, 32],
+                                                       gl.NVMMASharedLayout.get_default_for([bw, 32], gl.int32))),
+                "s_desc": mangle_type(TensorDescriptor(scales, [64, 64], [64, 1], [8, bw], _S_LAYOUT))}
+
     cfgs = []
     for bw, br, warps, stages in GLUON_TILES:
-        probe = torch.empty(16, 16, dtype=torch.bfloat16)  # types only: dtype, block, layout
+        probe = torch.empty(16, 16, dtype=torch.bfloat16)
         sig = {
             "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
-            "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32",
-            "max_m": "i32", "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32",
-            "stride_cm": "i32", "BW": "constexpr", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
+            **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
+            "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
         }
         for masked in (False, True):
             cfgs.append(KernelConfig(
                 f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages}]",
-                _w4a16_grouped_sm90_kernel, sig, {"BW": bw, "STAGES": stages, "MASKED": masked, "num_warps": warps},
+                _w4a16_grouped_sm90_kernel, sig, {"STAGES": stages, "MASKED": masked, "num_warps": warps},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",), unaligned=("N", "K", "max_m")))
-    isig = {
-        "a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
-        "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32", "N": "i32", "K": "i32",
-        "num_routes": "i32", "top_k": "i32", "stride_am": "i32", "stride_qe": "i32", "stride_qn": "i32",
-        "stride_se": "i32", "stride_sk": "i32", "stride_cm": "i32",
-        "BR": "constexpr", "BW": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
-    }
-    for bw, br, warps in INDEXED_TILES:
+    for bw, br, warps, stages in INDEXED_TILES:
+        isig = {
+            "a_ptr": "*bf16", **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+            "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32", "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
+            "stride_am": "i32", "stride_cm": "i32",
+            "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
+        }
         for mul in (False, True):
             cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_gluon[BW={bw},BR={br},w={warps},MUL_WEIGHT={int(mul)}]", _w4a16_indexed_sm90_kernel,
-                isig, {"BR": br, "BW": bw, "MUL_WEIGHT": mul, "num_warps": warps}, num_warps=warps, num_stages=1,
-                expect_sass=("HGMMA",), expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",),
+                f"w4a16_indexed_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
+                _w4a16_indexed_sm90_kernel, isig, {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps},
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
+                expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",),
                 unaligned=("N", "K", "num_routes", "top_k")))
     return cfgs
