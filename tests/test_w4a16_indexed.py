@@ -107,7 +107,7 @@ def test_gluon_engine_matches_reference(block, gen, monkeypatch):
     ids.view(-1)[::5] = -1
     emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
     wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
-    out, ref = _check(a, wq_local, pack_w4a16(wq_local).cuda(), ids, block, 2, "cuda", emap=emap)
+    out, ref = _check(a, wq_local, pack_w4a16(wq_local).to("cuda"), ids, block, 2, "cuda", emap=emap)
     untouched = ids.flatten().cpu() < 2
     assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", "EP map")

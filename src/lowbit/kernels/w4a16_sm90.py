@@ -78,11 +78,11 @@ def _dequant_pair(words, s_lo, s_hi):
 
 
 @gluon.jit
-def _load_weight_step(w_desc, s_desc, wrow, srow, kt, bar, wring, sring, st, pred):
+def _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred):
     """TMA of K step `kt`'s packed words (``[BW, 32]`` i32 at row `wrow`) and scales (``[8, BW]``
-    bf16, rows ``srow + 8kt``) into stage `st`, arriving on `bar`."""
+    bf16, rows ``srow + 8kt``, columns from `n0`) into stage `st`, arriving on `bar`."""
     tma.async_copy_global_to_shared(w_desc, [wrow, kt * 32], bar, wring.index(st), pred=pred)
-    tma.async_copy_global_to_shared(s_desc, [srow + kt * 8, 0], bar, sring.index(st), pred=pred)
+    tma.async_copy_global_to_shared(s_desc, [srow + kt * 8, n0], bar, sring.index(st), pred=pred)
 
 
 @gluon.jit
@@ -91,9 +91,12 @@ def _dequant_step(wring, sring, st, deq, p, num_warps: gl.constexpr):
     holds group g (K ``256kt + 32g ..``) of the rows, bf16 ``(q - 8) * s``."""
     words_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # 16 bytes a thread
     words = wring.index(st).load(words_l)
-    scales = sring.index(st)
+    # The [8, BW] scale box is unswizzled: viewed as a plain row-major buffer, group i is row i,
+    # read as a [BW, 1] column (one scale a weight row, broadcast along K). Slicing the NVMMA
+    # view directly reads with the wrong strides on Triton 3.6 (H200 probe, 2026-11-29).
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    scales = sring.index(st)._reinterpret(gl.bfloat16, sring.index(st).shape, plain)
     for i in gl.static_range(4):
-        # [BW, 1] columns of the [8, BW] scale box: one scale a weight row, broadcast along K
         s_lo = scales.slice(i, 1, dim=0).permute((1, 0)).load(words_l)
         s_hi = scales.slice(i + 4, 1, dim=0).permute((1, 0)).load(words_l)
         w_lo, w_hi = _dequant_pair(words >> (4 * i), s_lo, s_hi)
@@ -160,7 +163,7 @@ def _w4a16_grouped_sm90_kernel(
     for i in gl.static_range(STAGES - 1):  # prologue: steps 0 .. STAGES-2 in flight
         live = i < nk
         mbarrier.expect(ready.index(i), step_bytes, pred=live)
-        _load_weight_step(w_desc, s_desc, wrow, srow, i, ready.index(i), wring, sring, i, live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, i * 256 + g * 32], ready.index(i),
                                             xs.index(i * _GROUPS + g), pred=live)
@@ -178,7 +181,7 @@ def _w4a16_grouped_sm90_kernel(
         ns = nxt % STAGES
         live = nxt < nk
         mbarrier.expect(ready.index(ns), step_bytes, pred=live)
-        _load_weight_step(w_desc, s_desc, wrow, srow, nxt, ready.index(ns), wring, sring, ns, live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, nxt, ready.index(ns), wring, sring, ns, live)
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, nxt * 256 + g * 32], ready.index(ns),
                                             xs.index(ns * _GROUPS + g), pred=live)
@@ -266,7 +269,7 @@ def _w4a16_indexed_sm90_kernel(
     for i in gl.static_range(STAGES - 1):
         live = i < nk
         mbarrier.expect(ready.index(i), step_bytes, pred=live)
-        _load_weight_step(w_desc, s_desc, wrow, srow, i, ready.index(i), wring, sring, i, live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
 
     ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
     row_ok = ids < num_routes  # sentinel slots are not routes
@@ -290,7 +293,7 @@ def _w4a16_indexed_sm90_kernel(
         ns = nxt % STAGES
         live = nxt < nk
         mbarrier.expect(ready.index(ns), step_bytes, pred=live)
-        _load_weight_step(w_desc, s_desc, wrow, srow, nxt, ready.index(ns), wring, sring, ns, live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, nxt, ready.index(ns), wring, sring, ns, live)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
