@@ -6,7 +6,7 @@ import torch
 from lowbit import reference, routing
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16_core import VALIDATED_TILES, tile_config
+from lowbit.kernels.w4a16_core import VALIDATED_TILES, avoid_miscompile, tile_config
 from lowbit.kernels.w4a16_grouped import contiguous, explain_w4a16_grouped_config, masked, w4a16_grouped_config
 from lowbit.testing import assert_close, poison_, random_topk_ids
 
@@ -226,3 +226,30 @@ def test_masked_cuda_graph_with_changing_masked_m(gen):
         valid = torch.cat([torch.arange(max_m) < c for c in counts])
         ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
         assert_close(out.cpu()[valid].float(), ref[valid], "bf16_out", f"replay {counts}")
+
+
+@pytest.mark.parametrize("bm", TILES)
+def test_tiles_with_n_off_16(bm, gen, device):
+    """Every validated tile at every pipeline depth it can be given, N off 16 (37, 200), both
+    layouts: Triton 3.6 miscompiles the 64x64 tile at 2-3 stages there, and `avoid_miscompile`
+    must route around it (on the GPU; the interpreter has no stages)."""
+    from dataclasses import replace
+
+    stages = (1, 2, 3, 4) if device == "cuda" else (tile_config(bm, "").num_stages,)
+    for n in (37, 200):
+        wq, pw = _weights(3, n, 288, gen, "contiguous", device)
+        a2, m_idx, _ = _contiguous_problem(20, 2, 3, 288, gen, device)
+        rows = (m_idx >= 0).cpu()
+        ref = reference.w4a16_contiguous_ref(a2.cpu(), wq, m_idx.cpu())
+        wqm, pwm = _weights(2, n, 288, gen, "masked", device)
+        a3, mm = _masked_problem(2, 40, 288, [40, 13], gen, device)
+        refm = reference.w4a16_masked_ref(a3.cpu(), wqm, mm.cpu())
+        valid = (torch.arange(40)[None, :] < mm.cpu()[:, None]).reshape(-1)
+        for st in stages:
+            cfg = replace(tile_config(bm, "test"), num_stages=st)
+            out = contiguous(a2, pw, m_idx, config=cfg)
+            assert_close(out.cpu()[rows].float(), ref[rows], "bf16_out", f"contiguous N={n} stages={st}")
+            out = masked(a3, pwm, mm, 16, config=cfg)
+            assert_close(out.cpu()[valid].float(), refm.reshape(-1, n)[valid], "bf16_out", f"masked N={n} stages={st}")
+    assert avoid_miscompile(tile_config(64, ""), 200).num_stages == 1
+    assert avoid_miscompile(tile_config(64, ""), 192) == tile_config(64, "")

@@ -273,3 +273,26 @@ def test_split_k_is_indexed_only(gen, device):
 
     with pytest.raises(ValueError, match="split-K"):
         contiguous(a2, pc, m_idx, config=replace(tile_config(64, "t"), split_k=2))
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_tiles_with_n_off_16(block, gen, device):
+    """Every validated tile at every pipeline depth it can be given, N off 16 (37, 200): Triton
+    3.6 miscompiles the 64x64 tile at 2-3 stages there (relative error ~1 on the H200), and
+    `avoid_miscompile` must route around it (on the GPU; the interpreter has no stages)."""
+    from dataclasses import replace
+
+    from lowbit.kernels.w4a16_core import tile_config
+
+    stages = (1, 2, 3, 4) if device == "cuda" else (tile_config(block, "").num_stages,)
+    for n in (37, 200):
+        wq, pw, a, ids = _problem(3, n, 288, 12, 2, gen, device)
+        r = routing.moe_align_block_size(ids, block, 3)
+        ref = reference.w4a16_indexed_ref(a.cpu(), wq, r.sorted_token_ids.cpu(), r.expert_ids.cpu(),
+                                          r.num_tokens_post_padded.cpu(), 2)
+        for st in stages:
+            out = poison_(torch.empty(ids.numel(), n, dtype=torch.bfloat16, device=device))
+            w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2, out=out,
+                          config=replace(tile_config(block, "test"), num_stages=st))
+            assert_close(out.cpu().float(), ref, "bf16_out", f"N={n} stages={st}")
+    assert w4a16_indexed_config(24, 3, 200, 288, block_m=64).num_stages == 1

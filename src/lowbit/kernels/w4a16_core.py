@@ -12,7 +12,7 @@ there, and never return to shared memory; the activations are the B operand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 import triton.language as tl
@@ -20,7 +20,8 @@ import triton.language as tl
 from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
-__all__ = ["VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "env_key", "override_names", "w4a16_tile"]
+__all__ = ["VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key",
+           "override_names", "w4a16_tile"]
 
 
 @triton.jit
@@ -115,6 +116,20 @@ def env_key(family: str) -> tuple:
 
 def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
     return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
+
+
+def avoid_miscompile(cfg: W4A16Config, n: int) -> W4A16Config:
+    """The configuration to launch for N = `n`. Triton 3.6 builds a wrong kernel for the 64x64
+    swap-AB tile (4 warps) at 2 and 3 pipeline stages when N is not a multiple of 16: relative
+    error ~1 on the H200, indexed and contiguous alike, for N = 37, 72, 100, 136, 200 (1 and 4
+    stages and the 16- and 32-row tiles correct; N = 192 correct everywhere; probe of 2026-11-29,
+    kept as the GPU test ``test_tiles_with_n_off_16``). Such shapes run the tile unpipelined:
+    correct first (production shapes, N = 4096 / 7168, are multiples of 16 and unaffected)."""
+    if (cfg.engine == "triton" and n % 16 and cfg.block_m == 64 and cfg.block_n == 64 and cfg.swap_ab
+            and cfg.num_stages in (2, 3)):
+        return replace(cfg, num_stages=1, reason=f"{cfg.reason}; N={n} % 16 != 0: 1 stage (Triton 3.6 "
+                       f"miscompiles this tile at {cfg.num_stages} stages)")
+    return cfg
 
 
 def tile_config(block_m: int, why: str) -> W4A16Config:

@@ -30,6 +30,7 @@ from .w4a16_core import (
     VALIDATED_TILES,
     W4A16Config,
     apply_env_overrides,
+    avoid_miscompile,
     compile_configs_for,
     env_key,
     override_names,
@@ -106,7 +107,8 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, e
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     # the block_m override (first field of the env key) pins the Gluon tile's rows too
-    return _fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode, bool(env[0]))
+    return avoid_miscompile(_fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode,
+                                        bool(env[0])), n)
 
 
 def _fit_engine(cfg: W4A16Config, mode: str, block_m_forced: bool) -> W4A16Config:
@@ -207,6 +209,7 @@ def contiguous(
         return out
     if config.engine != "triton":
         raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
+    config = avoid_miscompile(config, w.n)
     grid = (m // config.block_m, triton.cdiv(w.n, config.block_n))
     _w4a16_contiguous_kernel[grid](
         a2, w.qweight, w.scales, out, m_indices,
@@ -283,6 +286,7 @@ def masked(
         return out
     if config.engine != "triton":
         raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
+    config = avoid_miscompile(config, w.n)
     grid = (g, triton.cdiv(max_m, config.block_m), triton.cdiv(w.n, config.block_n))
     _w4a16_masked_kernel[grid](
         a_flat, w.qweight, w.scales, out, masked_m,

@@ -32,6 +32,7 @@ from .w4a16_core import (
     VALIDATED_TILES,
     W4A16Config,
     apply_env_overrides,
+    avoid_miscompile,
     compile_configs_for,
     env_key,
     override_names,
@@ -151,7 +152,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
     cfg = tile_config(block_m, f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else ""))
     cfg = replace(cfg, split_k=split)
-    return _fit_engine(apply_env_overrides(cfg, "W4A16"))
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16")), n)
 
 
 def _fit_engine(cfg: W4A16Config) -> W4A16Config:
@@ -241,6 +242,7 @@ def w4a16_indexed(
         return out
     if config.engine != "triton":
         raise ValueError(f"w4a16_indexed: engine must be 'triton' or 'gluon', got {config.engine!r}")
+    config = avoid_miscompile(config, w.n)
     n_tiles = triton.cdiv(w.n, config.block_n)
     split = config.split_k
     # split-K: FP32 shares in a workspace, summed (in a fixed order) by a second kernel
