@@ -51,11 +51,22 @@ def test_contiguous_all_rows_on_one_expert(gen, device):
     assert_close(out.cpu()[rows].float(), reference.w4a16_contiguous_ref(a2.cpu(), wq, m_idx.cpu())[rows], "bf16_out")
 
 
+def _gluon_tiles():
+    from lowbit.kernels.w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES
+
+    return [("gluon", t) for t in GLUON_TILES] + [("gluon_rs", t) for t in GLUON_RS_TILES]
+
+
+def _tile_id(et):
+    e, t = et
+    return f"{e}-{t[0]}x{t[1]}w{t[2]}s{t[3]}"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(64, 128, 4, 2), (64, 64, 4, 3)], ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
+@pytest.mark.parametrize("engine_tile", _gluon_tiles(), ids=_tile_id)
 @pytest.mark.parametrize("shape", [(5, 80, 288, 40, 2), (3, 200, 1056, 70, 2), (4, 4096, 7168, 96, 2)],
                          ids=lambda s: "G{}_N{}_K{}_T{}_k{}".format(*s))
-def test_contiguous_gluon_engine_matches_reference(shape, tile, gen):
+def test_contiguous_gluon_engine_matches_reference(shape, engine_tile, gen):
     """The opt-in Hopper Gluon kernel (w4a16_sm90): N off the 64-row weight tile, K off the
     256-wide step (5 steps through a 2- or 3-deep ring), an expert with no rows, padding rows
     not written; and close to the Triton kernel's output."""
@@ -66,8 +77,8 @@ def test_contiguous_gluon_engine_matches_reference(shape, tile, gen):
     g, n, k, t, top_k = shape
     wq, pw = _weights(g, n, k, gen, "contiguous", "cuda")
     a2, m_idx, _ = _contiguous_problem(t, top_k, g, k, gen, "cuda")
-    bw, br, warps, stages = tile
-    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine="gluon")
+    engine, (bw, br, warps, stages) = engine_tile
+    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine=engine)
     out = poison_(torch.empty(a2.shape[0], n, dtype=torch.bfloat16, device="cuda"))
     contiguous(a2, pw, m_idx, out=out, config=cfg)
     rows = (m_idx >= 0).cpu()
@@ -79,9 +90,9 @@ def test_contiguous_gluon_engine_matches_reference(shape, tile, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(64, 128, 4, 2), (64, 64, 4, 3)], ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
+@pytest.mark.parametrize("engine_tile", _gluon_tiles(), ids=_tile_id)
 @pytest.mark.parametrize("flat", [False, True], ids=["3d", "flat"])
-def test_masked_gluon_engine_matches_reference(flat, tile, gen):
+def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
     """Masked layout through the Gluon kernel: max_m = 80 is not a multiple of the row tile
     (a tile crosses into the next expert's slab, whose rows must not be written), counts 0,
     max_m, a few rows and a count above max_m (clamped); K off the 256-wide step."""
@@ -92,8 +103,8 @@ def test_masked_gluon_engine_matches_reference(flat, tile, gen):
     g, n, k, max_m = 4, 136, 544, 80
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
     a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, max_m + 9], gen, "cuda")
-    bw, br, warps, stages = tile
-    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine="gluon")
+    engine, (bw, br, warps, stages) = engine_tile
+    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine=engine)
     out = poison_(torch.empty(g * max_m, n, dtype=torch.bfloat16, device="cuda"))
     masked(a3.view(g * max_m, k) if flat else a3, pw, mm, 32, out=out, config=cfg)
     ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
@@ -130,6 +141,13 @@ def test_gluon_engine_contract(gen, monkeypatch):
     assert "LOWBIT_W4A16_GROUPED_ENGINE=gluon" in c.reason
     mk = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=32)
     assert (mk.engine, mk.block_n, mk.block_m, mk.num_stages) == ("gluon", 64, 64, 3), mk
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon_rs")  # register-A kernel: its own tiles
+    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
+    assert (c.engine, c.block_n, c.block_m, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "128")
+    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
+    assert (c.block_n, c.block_m, c.num_warps) == (128, 128, 8), c
+    monkeypatch.delenv("LOWBIT_W4A16_GROUPED_BLOCK_N")
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "cuda")
     with pytest.raises(ValueError, match="LOWBIT_W4A16_GROUPED_ENGINE"):
         w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)

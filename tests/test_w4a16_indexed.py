@@ -76,33 +76,40 @@ def test_remote_experts_and_dropped_routes_leave_rows_untouched(gen, device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["gluon", "gluon_rs"])
 @pytest.mark.parametrize("block", BLOCKS)
-def test_gluon_engine_matches_reference(block, gen, monkeypatch):
-    """The opt-in Hopper Gluon kernel (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon) through the same
-    checks as the Triton kernel: N and K off the tiles (5 K steps), one token, a hot expert with
-    routing weights and over-allocated buffers, remote experts and dropped routes."""
+def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
+    """The Hopper Gluon kernels (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon / gluon_rs) through the
+    same checks as the Triton kernel, every tile of the routing block: N and K off the tiles
+    (5 K steps; 9 to wrap the ring), one token, a hot expert with routing weights and
+    over-allocated buffers, remote experts and dropped routes."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
-    from lowbit.kernels.w4a16_sm90 import INDEXED_TILES
+    from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES
 
-    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon")
-    assert w4a16_indexed_config(8, 4, 80, 288, block_m=block).engine == "gluon"
-    for stages in sorted({t[3] for t in INDEXED_TILES if t[1] == block}):  # every ring depth of this block
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", engine)
+    rs = engine == "gluon_rs" and any(t[1] == block for t in INDEXED_RS_TILES)
+    ran = w4a16_indexed_config(8, 4, 80, 288, block_m=block).engine
+    assert ran == ("gluon_rs" if rs else "gluon"), ran
+    for bw, _, _, stages in [t for t in (INDEXED_RS_TILES if rs else INDEXED_TILES) if t[1] == block]:
         monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(stages))
-        assert w4a16_indexed_config(8, 4, 80, 288, block_m=block).num_stages == stages
+        monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(bw))
+        c = w4a16_indexed_config(8, 4, 80, 288, block_m=block)
+        assert (c.block_n, c.num_stages) == (bw, stages), c
         for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2),
                                   (2, 72, 2304, 6, 2)):  # 9 K steps: the ring wraps several times
             wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
             out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
-            assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} stages {stages}")
+            assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} {bw} rows, stages {stages}")
+        wq, pw, a, ids = _problem(5, 48, 256, 24, 2, gen, "cuda", hot=1)
+        tw = random_topk_weights(24, 2, generator=gen).cuda()
+        out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3)
+        assert_close(out.float(), ref, "bf16_out", "hot expert, weights, over-allocated")
     monkeypatch.delenv("LOWBIT_W4A16_NUM_STAGES")
+    monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     wq, pw, a, ids = _problem(2, 52, 256, 3, 2, gen, "cuda")  # N % 8: the scales' TMA rows misalign
     with pytest.raises(ValueError, match="multiple of 8"):
         _check(a, wq, pw, ids, block, 2, "cuda")
-    wq, pw, a, ids = _problem(5, 48, 256, 24, 2, gen, "cuda", hot=1)
-    tw = random_topk_weights(24, 2, generator=gen).cuda()
-    out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3)
-    assert_close(out.float(), ref, "bf16_out", "hot expert, weights, over-allocated")
     wq, pw, a, ids = _problem(6, 40, 256, 9, 2, gen, "cuda")
     ids.view(-1)[::5] = -1
     emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")

@@ -20,7 +20,7 @@ import triton.language as tl
 from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
-__all__ = ["VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key",
+__all__ = ["GLUON_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key",
            "override_names", "w4a16_tile"]
 
 
@@ -74,11 +74,15 @@ class W4A16Config:
     num_stages: int
     swap_ab: bool
     split_k: int = 1
-    #: "triton" (every tier) or "gluon" (`w4a16_sm90`, the Hopper kernels that overlap dequant
-    #: with wgmma; opt-in until measured)
+    #: "triton" (every tier) or one of `GLUON_ENGINES` (`w4a16_sm90`, the Hopper kernels that
+    #: overlap dequant with wgmma; opt-in until measured faster)
     engine: str = "triton"
     reason: str = ""
 
+
+#: The Hopper engines besides "triton": "gluon" (dequantized weights staged in shared memory)
+#: and "gluon_rs" (dequantized weights as the register A operand of wgmma).
+GLUON_ENGINES = ("gluon", "gluon_rs")
 
 #: Tiles that passed the GPU correctness check of `scripts/w4a16_sweep.py` and are the fastest
 #: measured in their regime (H200, 2026-11-29, sweep at a075672, median us, L2 flushed;

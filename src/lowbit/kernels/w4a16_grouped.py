@@ -27,6 +27,7 @@ from ..routing.layouts import CONTIGUOUS_ALIGNMENT
 from . import numerics
 from .sm90 import require_sm90, tma_problem
 from .w4a16_core import (
+    GLUON_ENGINES,
     VALIDATED_TILES,
     W4A16Config,
     apply_env_overrides,
@@ -88,6 +89,7 @@ def _w4a16_masked_kernel(
 
 
 # --------------------------------------------------------------------------- heuristics
+
 def _tile_for_rows(rows: float) -> int:
     """Smallest validated M tile holding `rows` rows, capped at the largest."""
     fits = [bm for bm in sorted(VALIDATED_TILES) if bm >= rows]
@@ -107,28 +109,33 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, e
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     # the block_m override (first field of the env key) pins the Gluon tile's rows too
-    return avoid_miscompile(_fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode,
-                                        bool(env[0])), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(tile_config(bm, why), "W4A16_GROUPED"), mode, env), n)
 
 
-def _fit_engine(cfg: W4A16Config, mode: str, block_m_forced: bool) -> W4A16Config:
-    """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` as a global switch: the Gluon tile with 128 rows
-    for contiguous (a whole segment: each weight tile read once per segment), 64 or 128 rows
-    for masked (the M tile the heuristic chose, capped at 128), or the rows that
-    ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for, with the reason said."""
+def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
+    """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's
+    tile with 128 rows for contiguous (a whole segment: each weight tile read once per segment),
+    64 or 128 rows for masked (the M tile the heuristic chose, capped at 128), or the rows that
+    ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for; ``_BLOCK_N`` (weight rows) and ``_NUM_STAGES``
+    pick among that kernel's tiles when set. The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
-    if cfg.engine != "gluon":
-        raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
-    from .w4a16_sm90 import GLUON_TILES
+    if cfg.engine not in GLUON_ENGINES:
+        raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
+    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES
 
-    if block_m_forced or mode == "masked":
+    forced = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), env[:4]))
+    if forced["block_m"] or mode == "masked":
         rows = 64 if cfg.block_m <= 64 else 128
     else:
         rows = CONTIGUOUS_ALIGNMENT
-    bw, br, warps, stages = next((t for t in GLUON_TILES if t[1] == rows), GLUON_TILES[0])
+    tiles = GLUON_RS_TILES if cfg.engine == "gluon_rs" else GLUON_TILES
+    fits = [t for t in tiles if t[1] == rows
+            and (not forced["block_n"] or t[0] == cfg.block_n)
+            and (not forced["num_stages"] or t[3] == cfg.num_stages)] or [t for t in tiles if t[1] == rows] or [tiles[0]]
+    bw, br, warps, stages = fits[0]
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
-                   reason=f"{cfg.reason}; gluon tile {bw} weight rows x {br} rows, {stages} stages")
+                   reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages")
 
 
 def w4a16_grouped_config(mode: str, m: int, n: int, k: int, g: int, expected_m: int = 0) -> W4A16Config:
@@ -204,11 +211,11 @@ def contiguous(
     out = _check_out(out, m, w.n, a2.device)
     if m == 0:
         return out
-    if config.engine == "gluon":
+    if config.engine in GLUON_ENGINES:
         _launch_gluon("contiguous", a2, w, m_indices, out, config)
         return out
     if config.engine != "triton":
-        raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
+        raise ValueError(f"engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
     config = avoid_miscompile(config, w.n)
     grid = (m // config.block_m, triton.cdiv(w.n, config.block_n))
     _w4a16_contiguous_kernel[grid](
@@ -222,18 +229,21 @@ def contiguous(
 
 
 def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0) -> None:
-    """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows."""
+    """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows. engine
+    ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
     require_sm90(a.device, mode)
-    from .w4a16_sm90 import GLUON_TILES, w4a16_grouped_sm90_launch
+    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES, w4a16_grouped_sm90_launch
 
+    regs_a = config.engine == "gluon_rs"
+    tiles = GLUON_RS_TILES if regs_a else GLUON_TILES
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
-    if tile not in GLUON_TILES or not config.swap_ab:
-        raise ValueError(f"{mode}: the gluon engine runs the tiles (weight rows, rows, warps, stages) in "
-                         f"{GLUON_TILES} with swap_ab, got {tile}, swap_ab={config.swap_ab}")
+    if tile not in tiles or not config.swap_ab:
+        raise ValueError(f"{mode}: the {config.engine} engine runs the tiles (weight rows, rows, warps, stages) in "
+                         f"{tiles} with swap_ab, got {tile}, swap_ab={config.swap_ab}")
     why = tma_problem(a, "the activations")
     if why:
         raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
-    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m)
+    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a)
 
 
 def masked(
@@ -281,11 +291,11 @@ def masked(
     out = _check_out(out, g * max_m, w.n, a3.device)
     if max_m == 0:
         return out
-    if config.engine == "gluon":
+    if config.engine in GLUON_ENGINES:
         _launch_gluon("masked", a_flat, w, masked_m, out, config, max_m)
         return out
     if config.engine != "triton":
-        raise ValueError(f"engine must be 'triton' or 'gluon', got {config.engine!r}")
+        raise ValueError(f"engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
     config = avoid_miscompile(config, w.n)
     grid = (g, triton.cdiv(max_m, config.block_m), triton.cdiv(w.n, config.block_n))
     _w4a16_masked_kernel[grid](

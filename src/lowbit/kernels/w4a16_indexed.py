@@ -29,6 +29,7 @@ from ..formats.w4a16 import W4A16Weight
 from . import numerics
 from .sm90 import require_sm90
 from .w4a16_core import (
+    GLUON_ENGINES,
     VALIDATED_TILES,
     W4A16Config,
     apply_env_overrides,
@@ -152,23 +153,30 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
     cfg = tile_config(block_m, f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else ""))
     cfg = replace(cfg, split_k=split)
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16")), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env), n)
 
 
-def _fit_engine(cfg: W4A16Config) -> W4A16Config:
-    """``LOWBIT_W4A16_ENGINE=gluon`` as a global switch: the Gluon kernel's tile with the same
-    routing block size (64 weight rows, 4 warps, no split-K), with the reason said."""
+def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
+    """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
+    the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
+    ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
+    tile for (64) runs the shared-memory Gluon kernel. The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
-    if cfg.engine != "gluon":
-        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or 'gluon', got {cfg.engine!r}")
-    from .w4a16_sm90 import INDEXED_TILES
+    if cfg.engine not in GLUON_ENGINES:
+        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
+    from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES
 
-    tiles = [t for t in INDEXED_TILES if t[1] == cfg.block_m]
-    # LOWBIT_W4A16_NUM_STAGES picks among the tiles of this routing block; else the first
-    bw, _, warps, stages = next((t for t in tiles if t[3] == cfg.num_stages), tiles[0])
-    return replace(cfg, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
-                   reason=f"{cfg.reason}; gluon tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
+    forced = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), env[:4]))
+    engine = cfg.engine
+    if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in INDEXED_RS_TILES):
+        engine = "gluon"
+    tiles = [t for t in (INDEXED_RS_TILES if engine == "gluon_rs" else INDEXED_TILES) if t[1] == cfg.block_m]
+    fits = [t for t in tiles if (not forced["block_n"] or t[0] == cfg.block_n)
+            and (not forced["num_stages"] or t[3] == cfg.num_stages)] or tiles
+    bw, _, warps, stages = fits[0]
+    return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
+                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
 
 
 def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None) -> W4A16Config:
@@ -237,11 +245,11 @@ def w4a16_indexed(
         raise ValueError(f"out must be bf16 [{num_routes}, {w.n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
-    if config.engine == "gluon":
+    if config.engine in GLUON_ENGINES:
         _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config)
         return out
     if config.engine != "triton":
-        raise ValueError(f"w4a16_indexed: engine must be 'triton' or 'gluon', got {config.engine!r}")
+        raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
     config = avoid_miscompile(config, w.n)
     n_tiles = triton.cdiv(w.n, config.block_n)
     split = config.split_k
@@ -266,15 +274,18 @@ def w4a16_indexed(
 
 
 def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config) -> None:
-    """The opt-in Hopper Gluon kernel (`w4a16_sm90`): a CUDA sm_90 device, one of its tiles."""
+    """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
+    ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
     require_sm90(a.device, "w4a16_indexed")
-    from .w4a16_sm90 import INDEXED_TILES, w4a16_indexed_sm90_launch
+    from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES, w4a16_indexed_sm90_launch
 
+    regs_a = config.engine == "gluon_rs"
+    tiles = INDEXED_RS_TILES if regs_a else INDEXED_TILES
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
-    if tile not in INDEXED_TILES or config.split_k != 1 or not config.swap_ab:
-        raise ValueError(f"w4a16_indexed: the gluon engine runs the tiles (weight rows, routing block, warps, stages) in "
-                         f"{INDEXED_TILES} with swap_ab and no split-K, got {tile}, split_k={config.split_k}")
-    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile)
+    if tile not in tiles or config.split_k != 1 or not config.swap_ab:
+        raise ValueError(f"w4a16_indexed: the {config.engine} engine runs the tiles (weight rows, routing block, warps, "
+                         f"stages) in {tiles} with swap_ab and no split-K, got {tile}, split_k={config.split_k}")
+    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile, regs_a)
 
 
 def compile_configs():

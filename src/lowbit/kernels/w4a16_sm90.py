@@ -53,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .int4_dequant import DEQUANT_PAIR_PTX
 
-__all__ = ["GLUON_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
+__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
            "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -65,6 +65,13 @@ GLUON_TILES = ((64, 128, 4, 2), (64, 64, 4, 3))
 #: ring holds words + scales (9 KB a stage); gathered rows and dequantized weights ping-pong in
 #: two buffer sets. 3 stages at BR <= 32 keep a CTA under 113 KB: two CTAs an SM.
 INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
+#: The register-A indexed kernel's tiles (same fields): no dequantized buffers in shared memory.
+#: (A 64-row routing block spills here: 255 registers; it stays on the shared-memory kernel.)
+INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8, 4))
+#: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
+#: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
+#: 181-192 registers, no spills (compile tier).
+GLUON_RS_TILES = ((64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 2), (128, 64, 8, 3))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 
 
@@ -201,6 +208,123 @@ def _w4a16_grouped_sm90_kernel(
 
 
 @gluon.jit
+def _dequant_regs(wring, sring, st, dot_a: gl.constexpr):
+    """Step held in stage `st`, dequantized straight into wgmma A fragments: eight ``[BW, 32]``
+    bf16 tensors (group g = K ``32g ..`` of the step) in the register layout `dot_a`."""
+    words = wring.index(st).load(dot_a)
+    BW: gl.constexpr = wring.shape[1]
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    scales = sring.index(st)._reinterpret(gl.bfloat16, [8 * BW], flat)
+    srow: gl.constexpr = gl.SliceLayout(1, dot_a)
+    w0, w4 = _dequant_pair(words, scales.slice(0 * BW, BW).load(srow)[:, None], scales.slice(4 * BW, BW).load(srow)[:, None])
+    w1, w5 = _dequant_pair(words >> 4, scales.slice(1 * BW, BW).load(srow)[:, None], scales.slice(5 * BW, BW).load(srow)[:, None])
+    w2, w6 = _dequant_pair(words >> 8, scales.slice(2 * BW, BW).load(srow)[:, None], scales.slice(6 * BW, BW).load(srow)[:, None])
+    w3, w7 = _dequant_pair(words >> 12, scales.slice(3 * BW, BW).load(srow)[:, None], scales.slice(7 * BW, BW).load(srow)[:, None])
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@gluon.jit
+def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
+    """Step k's eight asynchronous register-A wgmmas, ``[BW, 32] x [32, BR]`` each."""
+    acc = warpgroup_mma(w0, xs.index(s * _GROUPS + 0).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w1, xs.index(s * _GROUPS + 1).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w2, xs.index(s * _GROUPS + 2).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w3, xs.index(s * _GROUPS + 3).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w4, xs.index(s * _GROUPS + 4).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w5, xs.index(s * _GROUPS + 5).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w6, xs.index(s * _GROUPS + 6).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w7, xs.index(s * _GROUPS + 7).permute((1, 0)), acc, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _load_step(x_desc, w_desc, s_desc, r0, wrow, srow, n0, kt, bar, xs, wring, sring, st, pred):
+    """TMA of step `kt` (words, scales, eight activation boxes) into stage `st`, on `bar`."""
+    step_bytes: gl.constexpr = _GROUPS * x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    mbarrier.expect(bar, step_bytes, pred=pred)
+    _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+    for g in gl.static_range(_GROUPS):
+        tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)
+
+
+@gluon.jit
+def _w4a16_grouped_rs_kernel(
+    x_desc, w_desc, s_desc, c_ptr, route_ptr,
+    N, K, max_m, stride_cm,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
+):
+    """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
+    (``wgmma ... {a regs}, [b smem]``): no shared-memory round trip, no fence, and 64 to 128
+    weight rows a CTA (one or two warpgroups) over one activation tile, so the activation bytes
+    re-read from L2 per FLOP halve at 128 rows. Step k+1 is dequantized while step k's eight
+    products run; its stage is refilled once they retire. Same grid and routing as
+    `_w4a16_grouped_sm90_kernel`."""
+    BR: gl.constexpr = x_desc.block_type.shape[0]
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    pid_r = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    if MASKED:
+        blocks = gl.cdiv(max_m, BR)
+        e = pid_r // blocks
+        rb = (pid_r % blocks) * BR
+        valid = gl.minimum(gl.load(route_ptr + e), max_m)
+        if rb >= valid:
+            return
+        r0 = e * max_m + rb
+    else:
+        r0 = pid_r * BR
+        e = gl.load(route_ptr + r0)
+        if e < 0:
+            return
+    n0 = pid_n * BW
+
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
+    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    nk = gl.cdiv(K, 256)
+    wrow = e * N + n0
+    srow = e * nk * 8
+    for i in gl.static_range(STAGES):
+        _load_step(x_desc, w_desc, s_desc, r0, wrow, srow, n0, i, ready.index(i), xs, wring, sring, i, i < nk)
+
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    mbarrier.wait(ready.index(0), 0)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
+    for kt in range(nk - 1):
+        s = kt % STAGES
+        acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+        # step kt+1 dequantized into registers while step kt's products run
+        s1 = (kt + 1) % STAGES
+        mbarrier.wait(ready.index(s1), ((kt + 1) // STAGES) & 1)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        gl.thread_barrier()  # every warpgroup is done with stage s before it is refilled
+        _load_step(x_desc, w_desc, s_desc, r0, wrow, srow, n0, kt + STAGES, ready.index(s), xs, wring, sring, s,
+                   kt + STAGES < nk)
+        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
+    acc = _issue_regs(xs, (nk - 1) % STAGES, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
+    orr = r0 + gl.arange(0, BR, layout=gl.SliceLayout(0, mma))
+    if MASKED:
+        row_live = orr - e * max_m < valid
+    else:
+        row_live = gl.load(route_ptr + orr) >= 0
+    c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
+    gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
+
+
+@gluon.jit
 def _gather_load(a_rows, row_ok, kt, K, x_l: gl.constexpr):
     """K step `kt` of the routed activation rows, ``[BR, 32]`` a group, into registers (eight
     tensors: the loads are in flight while the current step is dequantized); past K reads 0."""
@@ -309,6 +433,90 @@ def _w4a16_indexed_sm90_kernel(
     gl.store(c, out.to(gl.bfloat16), mask=(on < N)[:, None] & o_ok[None, :])
 
 
+@gluon.jit
+def _w4a16_indexed_rs_kernel(
+    a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
+    N, K, num_routes, top_k, stride_am, stride_cm,
+    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr,
+):
+    """`_w4a16_indexed_sm90_kernel` with the dequantized weights kept in registers as the
+    wgmma A operand (as `_w4a16_grouped_rs_kernel`): per step, the next step's routed rows are
+    loaded and stored into the free buffer set and the next step is dequantized while this
+    step's eight products run."""
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
+        return
+    e = gl.load(expert_ids_ptr + pid_m)
+    if e < 0:  # a block of another rank's expert (EP)
+        return
+    n0 = pid_n * BW
+
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [num_warps, 1], [1, 0])  # 16-byte row loads
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BR, 32], x_sl)
+    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
+    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    nk = gl.cdiv(K, 256)
+    wrow = e * N + n0
+    srow = e * nk * 8
+    step_bytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    for i in gl.static_range(STAGES):
+        live = i < nk
+        mbarrier.expect(ready.index(i), step_bytes, pred=live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
+
+    ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
+    row_ok = ids < num_routes  # sentinel slots are not routes
+    a_rows = a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64)[:, None] * stride_am
+    x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, 0, K, x_l)
+    _gather_store(xs, 0, x0, x1, x2, x3, x4, x5, x6, x7)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    mbarrier.wait(ready.index(0), 0)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
+    for kt in range(nk - 1):
+        p = kt % 2
+        x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, kt + 1, K, x_l)
+        acc = _issue_regs(xs, p, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+        # buffer set 1 - p was read by step kt-1's products, retired last iteration
+        _gather_store(xs, 1 - p, x0, x1, x2, x3, x4, x5, x6, x7)
+        fence_async_shared()
+        s1 = (kt + 1) % STAGES
+        mbarrier.wait(ready.index(s1), ((kt + 1) // STAGES) & 1)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        gl.thread_barrier()  # rows stored by every thread; stage kt % STAGES read by every thread
+        s = kt % STAGES
+        live = kt + STAGES < nk
+        mbarrier.expect(ready.index(s), step_bytes, pred=live)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt + STAGES, ready.index(s), wring, sring, s, live)
+        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
+    acc = _issue_regs(xs, (nk - 1) % 2, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
+    oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
+    o_ok = oid < num_routes
+    out = acc
+    if MUL_WEIGHT:
+        out = out * gl.load(topk_w_ptr + oid, mask=o_ok, other=0.0)[None, :]
+    c = c_ptr + oid[None, :].to(gl.int64) * stride_cm + on[:, None]
+    gl.store(c, out.to(gl.bfloat16), mask=(on < N)[:, None] & o_ok[None, :])
+
+
 def _x_layout(br: int):
     return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
 
@@ -332,29 +540,33 @@ def _weight_descs(w, bw: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     return w_desc, s_desc
 
 
-def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0) -> None:
+def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bool = False) -> None:
     """Launch on operands `w4a16_grouped` has validated (N a multiple of 8: TMA row strides).
     Contiguous (``max_m == 0``): a ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked
     (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``. w: the
-    mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES`."""
+    mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or of
+    `GLUON_RS_TILES` with `regs_a`: the register-A kernel)."""
     bw, br, warps, stages = tile
     rows = a.shape[0]
     x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
     blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
-    _w4a16_grouped_sm90_kernel[(blocks, triton.cdiv(w.n, bw))](
+    kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
+    kernel[(blocks, triton.cdiv(w.n, bw))](
         x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
         STAGES=stages, MASKED=bool(max_m), num_warps=warps,
     )
 
 
-def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile) -> None:
+def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
+                              regs_a: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
-    built with."""
+    built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`)."""
     bw, br, warps, stages = tile
     w_desc, s_desc = _weight_descs(w, bw)
-    _w4a16_indexed_sm90_kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
+    kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
+    kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
         w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
         BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps,
@@ -388,7 +600,20 @@ def compile_configs():
                 _w4a16_grouped_sm90_kernel, sig, {"STAGES": stages, "MASKED": masked, "num_warps": warps},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",), unaligned=("N", "K", "max_m")))
-    for bw, br, warps, stages in INDEXED_TILES:
+    for bw, br, warps, stages in GLUON_RS_TILES:
+        probe = torch.empty(16, 16, dtype=torch.bfloat16)
+        sig = {
+            "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
+            **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
+            "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
+        }
+        for masked in (False, True):
+            cfgs.append(KernelConfig(
+                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon_rs[BW={bw},BR={br},w={warps},stages={stages}]",
+                _w4a16_grouped_rs_kernel, sig, {"STAGES": stages, "MASKED": masked, "num_warps": warps},
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
+                expect_ptx=("wgmma.wait_group.sync.aligned 0",), unaligned=("N", "K", "max_m")))
+    for rs, (bw, br, warps, stages) in [(False, t) for t in INDEXED_TILES] + [(True, t) for t in INDEXED_RS_TILES]:
         isig = {
             "a_ptr": "*bf16", **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
             "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32", "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
@@ -397,9 +622,11 @@ def compile_configs():
         }
         for mul in (False, True):
             cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
-                _w4a16_indexed_sm90_kernel, isig, {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps},
+                f"w4a16_indexed_sm90_gluon{'_rs' if rs else ''}[BW={bw},BR={br},w={warps},stages={stages},"
+                f"MUL_WEIGHT={int(mul)}]",
+                _w4a16_indexed_rs_kernel if rs else _w4a16_indexed_sm90_kernel, isig,
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",),
+                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",),
                 unaligned=("N", "K", "num_routes", "top_k")))
     return cfgs
