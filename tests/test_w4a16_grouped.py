@@ -143,10 +143,10 @@ def test_gluon_engine_contract(gen, monkeypatch):
     assert (mk.engine, mk.block_n, mk.block_m, mk.num_stages) == ("gluon", 64, 64, 3), mk
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon_rs")  # register-A kernel: its own tiles
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
-    assert (c.engine, c.block_n, c.block_m, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
-    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "128")
+    assert (c.engine, c.block_n, c.block_m, c.num_warps, c.num_stages) == ("gluon_rs", 128, 128, 8, 2), c
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "64")
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
-    assert (c.block_n, c.block_m, c.num_warps) == (128, 128, 8), c
+    assert (c.block_n, c.block_m, c.num_warps) == (64, 128, 4), c
     monkeypatch.delenv("LOWBIT_W4A16_GROUPED_BLOCK_N")
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "cuda")
     with pytest.raises(ValueError, match="LOWBIT_W4A16_GROUPED_ENGINE"):
@@ -271,3 +271,18 @@ def test_tiles_with_n_off_16(bm, gen, device):
             assert_close(out.cpu()[valid].float(), refm.reshape(-1, n)[valid], "bf16_out", f"masked N={n} stages={st}")
     assert avoid_miscompile(tile_config(64, ""), 200).num_stages == 1
     assert avoid_miscompile(tile_config(64, ""), 192) == tile_config(64, "")
+
+
+def test_gluon_default_where_measured_faster(monkeypatch):
+    """With `gluon=True` (an sm_90 GPU, TMA-able operands) the register-A Gluon kernel is the
+    default for contiguous and for masked from 32 expected rows; Triton otherwise and below; an
+    engine override wins either way and gets a tile of its own engine."""
+    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
+    assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 128, 128, 8), c
+    assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
+    m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
+    assert (m32.engine, m32.block_n, m32.block_m) == ("gluon_rs", 128, 64), m32
+    assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True).engine == "triton"
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "triton")
+    t = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
+    assert (t.engine, t.block_m) == ("triton", 64), t

@@ -303,3 +303,18 @@ def test_tiles_with_n_off_16(block, gen, device):
                           config=replace(tile_config(block, "test"), num_stages=st))
             assert_close(out.cpu().float(), ref, "bf16_out", f"N={n} stages={st}")
     assert w4a16_indexed_config(24, 3, 200, 288, block_m=64).num_stages == 1
+
+
+def test_gluon_default_for_decode(monkeypatch):
+    """With `gluon=True` (an sm_90 GPU, N % 8 == 0) the register-A Gluon kernel is the default
+    for the 16-row routing block up to tok_e 3.4 (measured faster there), Triton beyond; the
+    routing block size never changes with `gluon`; an engine override wins."""
+    for routes in (8, 32, 160):  # EP8 1 / 4 / 20 tokens
+        c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
+        assert (c.engine, c.block_m, c.block_n, c.split_k) == ("gluon_rs", 16, 64, 1), c
+        assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
+    assert w4a16_indexed_config(400, 48, 4096, 7168, gluon=True).engine == "triton"  # 50 tokens: unmeasured
+    assert w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True).engine == "triton"
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "triton")
+    c = w4a16_indexed_config(8, 48, 4096, 7168, gluon=True)
+    assert (c.engine, c.split_k) == ("triton", 2), c

@@ -194,12 +194,14 @@ def _show_config_sections():
                                 w4a16_grouped, w4a16_indexed)
 
     yield "w4a16_indexed", w4a16_indexed.ENV_OVERRIDES, [
-        (label, w4a16_indexed.explain_w4a16_indexed_config(routes, e, n, k))
+        (f"{label} on sm_90", w4a16_indexed.explain_w4a16_indexed_config(routes, e, n, k, gluon=True))
         for label, routes, e, n, k in _SHOW_CONFIG_SHAPES]
     yield "w4a16_grouped", w4a16_grouped.ENV_OVERRIDES, [
-        (f"EP8 contiguous 128 rows/expert {p}", w4a16_grouped.explain_w4a16_grouped_config("contiguous", 6144, n, k, 48))
+        (f"EP8 contiguous 128 rows/expert {p} on sm_90",
+         w4a16_grouped.explain_w4a16_grouped_config("contiguous", 6144, n, k, 48, gluon=True))
         for p, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048))] + [
-        (f"EP8 masked {t} tok/expert {p}", w4a16_grouped.explain_w4a16_grouped_config("masked", 48 * 256, n, k, 48, t))
+        (f"EP8 masked {t} tok/expert {p} on sm_90",
+         w4a16_grouped.explain_w4a16_grouped_config("masked", 48 * 256, n, k, 48, t, gluon=True))
         for t in (8, 16, 32, 64) for p, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048))]
     yield "moe_decode", moe_decode.ENV_OVERRIDES, [
         (f"EP8 {m} tok {fmt}", moe_decode.explain_moe_decode_config(m, 8, 48, 7168, 2048, fmt))

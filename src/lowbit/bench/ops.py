@@ -494,7 +494,7 @@ class DecodeLowbitIndexed(_DecodeBase):
 
     def prepare(self, problem: OpProblem) -> None:
         from .. import routing  # noqa: PLC0415
-        from ..kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config  # noqa: PLC0415
+        from ..kernels.w4a16_indexed import gluon_capable, w4a16_indexed, w4a16_indexed_config  # noqa: PLC0415
 
         i = problem.inputs
         w13, w2 = self._int4_packed(problem)
@@ -502,8 +502,8 @@ class DecodeLowbitIndexed(_DecodeBase):
         t, top_k = ids.shape
         e = w13.num_experts
         routes = t * top_k
-        c1 = w4a16_indexed_config(routes, e, w13.n, w13.k)
-        c2 = w4a16_indexed_config(routes, e, w2.n, w2.k)
+        c1 = w4a16_indexed_config(routes, e, w13.n, w13.k, gluon=gluon_capable(hidden, w13))
+        c2 = w4a16_indexed_config(routes, e, w2.n, w2.k, gluon=gluon_capable(hidden, w2))
         self._config = {"gate_up": _cfg_dict(c1), "down": _cfg_dict(c2)}
         gu = torch.empty(routes, w13.n, dtype=torch.bfloat16, device=hidden.device)
         y = torch.empty(routes, w2.n, dtype=torch.bfloat16, device=hidden.device)

@@ -393,12 +393,13 @@ class LowbitProvider(Provider):
     def _indexed_call(self, problem: Problem, fn: Callable[..., torch.Tensor], w: Any) -> Callable[[], torch.Tensor]:
         mod = self._module("indexed")
         e, n, k = problem.num_experts, problem.proj.n, problem.proj.k
-        cfg = mod.w4a16_indexed_config(problem.routed_rows, e, n, k)
+        cfg = mod.w4a16_indexed_config(problem.routed_rows, e, n, k, gluon=mod.gluon_capable(problem.hidden, w))
         routing = moe_align_block_size(problem.topk_ids, cfg.block_m, e)
         a, top_k = problem.hidden, problem.proj.top_k
         out = torch.empty(a.shape[0] * top_k, n, dtype=torch.bfloat16, device=a.device)
         self._config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "reason": cfg.reason}
+                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "engine": cfg.engine,
+                        "reason": cfg.reason}
         sorted_ids, expert_ids, ntpp = routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded
         return lambda: fn(a, w, sorted_ids, expert_ids, ntpp, top_k, out=out, config=cfg)
 
@@ -408,9 +409,11 @@ class LowbitProvider(Provider):
         mode = problem.case.layout
         g, n, k = problem.num_experts, problem.proj.n, problem.proj.k
         expected_m = problem.expected_m if mode == "masked" else 0
-        cfg = mod.w4a16_grouped_config(mode, a.shape[0] if a.dim() == 2 else a.shape[0] * a.shape[1], n, k, g, expected_m)
+        a2d = a if a.dim() == 2 else a.view(-1, a.shape[-1])
+        cfg = mod.w4a16_grouped_config(mode, a2d.shape[0], n, k, g, expected_m, gluon=mod.gluon_capable(a2d, w))
         self._config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "reason": cfg.reason}
+                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "engine": cfg.engine,
+                        "reason": cfg.reason}
         if mode == "contiguous":
             m_indices = problem.contiguous.m_indices
             return lambda: fn(a, w, m_indices, config=cfg)

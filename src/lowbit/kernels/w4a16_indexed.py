@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..formats.w4a16 import W4A16Weight
 from . import numerics
-from .sm90 import require_sm90
+from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import (
     GLUON_ENGINES,
     VALIDATED_TILES,
@@ -137,8 +137,18 @@ _SPLIT_K = (
 ENV_OVERRIDES = override_names("W4A16")
 
 
+#: On a Hopper GPU (N a multiple of 8) the register-A Gluon kernel (`w4a16_sm90`, engine
+#: "gluon_rs", 64 weight rows x the 16-row routing block) is the default for decode up to this
+#: tok_e. H200, 2026-11-29, Kimi EP8 gate_up + down, CUDA graph, L2 flushed: 1 / 4 / 20 tokens
+#: (tok_e 0.17 / 0.67 / 3.3) 130.8 / 289.4 / 541.4 us vs Triton 154.3 (split-K) / 322.3 / 559.3:
+#: 1.18x / 1.11x / 1.03x, shrinking with tok_e, so beyond the last measured point (3.3) the
+#: Triton tiles stay. Larger routing blocks (TP8, prefill) measured slower on Gluon.
+_RS_MAX_TOK_E = 3.4
+
+
 @lru_cache(maxsize=4096)
-def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None, env: tuple) -> W4A16Config:
+def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None, gluon: bool,
+                   env: tuple) -> W4A16Config:
     tok_e = num_routes / max(num_experts, 1)
     profile = "TP" if num_experts > 64 and n * k < 4096 * 7168 // 2 else "EP"
     if block_m is None:
@@ -153,6 +163,9 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
     cfg = tile_config(block_m, f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else ""))
     cfg = replace(cfg, split_k=split)
+    if gluon and tok_e <= _RS_MAX_TOK_E and block_m == 16:
+        cfg = replace(cfg, engine="gluon_rs", reason=f"{cfg.reason}; sm_90 decode: register-A Gluon kernel "
+                      f"(H200 EP8 1-20 tokens: 1.03-1.18x the Triton kernel)")
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env), n)
 
 
@@ -179,16 +192,25 @@ def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
                    reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
 
 
-def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None) -> W4A16Config:
+def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None,
+                         gluon: bool = False) -> W4A16Config:
     """The launch configuration for ``num_routes = M * top_k`` routed rows over `num_experts`
     experts of ``[n, k]`` weights. Memoized per shape descriptor and environment overrides
-    (``LOWBIT_W4A16_BLOCK_M``, ``_BLOCK_N``, ``_NUM_WARPS``, ``_NUM_STAGES``, ``_SWAP_AB``).
-    `block_m` pins the M tile (the routing was already built with that block size)."""
-    return _config_cached(num_routes, num_experts, n, k, block_m, env_key("W4A16"))
+    (``LOWBIT_W4A16_BLOCK_M``, ``_BLOCK_N``, ``_NUM_WARPS``, ``_NUM_STAGES``, ``_SWAP_AB``,
+    ``_SPLIT_K``, ``_ENGINE``). `block_m` pins the M tile (the routing was already built with
+    that block size; `gluon` never changes it). gluon: the Hopper Gluon kernels can run (an
+    sm_90 GPU, N a multiple of 8); where they measured faster they are then the default."""
+    return _config_cached(num_routes, num_experts, n, k, block_m, gluon, env_key("W4A16"))
 
 
-def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int) -> str:
-    c = w4a16_indexed_config(num_routes, num_experts, n, k)
+def gluon_capable(a: torch.Tensor, w: W4A16Weight) -> bool:
+    """Whether the Gluon kernels can run these operands: an sm_90 GPU, N a multiple of 8 (the
+    scales' TMA rows)."""
+    return is_sm90_native(a.device) and w.n % 8 == 0
+
+
+def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, gluon: bool = False) -> str:
+    c = w4a16_indexed_config(num_routes, num_experts, n, k, gluon=gluon)
     return (f"w4a16_indexed M*top_k={num_routes} E={num_experts} N={n} K={k}: block_m={c.block_m} "
             f"block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} engine={c.engine} "
             f"-- {c.reason}")
@@ -234,7 +256,7 @@ def w4a16_indexed(
     m = a.shape[0]
     num_routes = m * top_k
     if config is None:
-        config = w4a16_indexed_config(num_routes, w.num_experts, w.n, w.k, block_m=block)
+        config = w4a16_indexed_config(num_routes, w.num_experts, w.n, w.k, block_m=block, gluon=gluon_capable(a, w))
     if config.block_m != block:
         raise ValueError(f"routing was built with block size {block}, config.block_m={config.block_m}")
     if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.numel() != num_routes):

@@ -66,12 +66,17 @@ GLUON_TILES = ((64, 128, 4, 2), (64, 64, 4, 3))
 #: two buffer sets. 3 stages at BR <= 32 keep a CTA under 113 KB: two CTAs an SM.
 INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #: The register-A indexed kernel's tiles (same fields): no dequantized buffers in shared memory.
+#: H200 2026-11-29, Kimi EP8 gate_up + down, CUDA graph: 64x16 1 / 4 / 20 tokens 130.8 / 289.4 /
+#: 541.4 us (Triton 154.3 / 322.3 / 559.3; 128 weight rows 155.4 / 375.6 / 753.4).
 #: (A 64-row routing block spills here: 255 registers; it stays on the shared-memory kernel.)
 INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8, 4))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
-#: 181-192 registers, no spills (compile tier).
-GLUON_RS_TILES = ((64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 2), (128, 64, 8, 3))
+#: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
+#: H200 2026-11-29, Kimi EP8 gate_up + down, CUDA graph: contiguous 128 rows/expert 128x128
+#: 1283 us, 128x64 1714, 64x128 1861 (2 or 3 stages), Triton 2560; 256 rows/expert 2664 / 3494 /
+#: 4137, Triton 5579; masked 32 tok/expert (128x64) 860, Triton 1173.
+GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 
 
