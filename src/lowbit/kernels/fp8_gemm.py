@@ -164,8 +164,8 @@ class BlockScaledConfig:
     fp8_gemm); swap_ab: weight rows on the MMA's M side (decode); split_k: programs along K
     (> 1 adds the FP32 workspace and the reduction); k_step: 128, or 32 for fp4_gemm's
     per-group path; engine: ``"triton"`` (the tl.dot kernel, every tier) or ``"gluon"``
-    (fp8_gemm only: the Hopper kernel of `fp8_gemm_sm90`, prefill tiles, opt-in until
-    measured); reason: why the heuristic chose it (and any override applied)."""
+    (fp8_gemm only: the Hopper kernel of `fp8_gemm_sm90`, prefill tiles; the heuristic's
+    choice for prefill on sm_90); reason: why the heuristic chose it (and any override applied)."""
 
     block_m: int
     block_n: int
@@ -395,7 +395,7 @@ def fp8_gemm(
 
 
 def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: str) -> None:
-    """The opt-in Hopper Gluon kernel (`fp8_gemm_sm90`): a CUDA sm_90 device, TMA-able operands."""
+    """The Hopper Gluon kernel (`fp8_gemm_sm90`): a CUDA sm_90 device, TMA-able operands."""
     require_sm90(a.device, who)
     from .fp8_gemm_sm90 import fp8_gemm_sm90_launch
 

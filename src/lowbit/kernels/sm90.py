@@ -1,4 +1,4 @@
-"""What every opt-in Hopper (Gluon) engine checks before it launches: one place, so the three
+"""What every Hopper (Gluon) engine checks before it launches: one place, so the three
 launchers (`fp8_gemm`, `w4a16_indexed`, `w4a16_grouped`) refuse the same things the same way."""
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class W4A16Config:
     swap_ab: bool
     split_k: int = 1
     #: "triton" (every tier) or one of `GLUON_ENGINES` (`w4a16_sm90`, the Hopper kernels that
-    #: overlap dequant with wgmma; opt-in until measured faster)
+    #: overlap dequant with wgmma; the heuristics' choice on sm_90 where measured faster)
     engine: str = "triton"
     reason: str = ""
 

@@ -2,38 +2,40 @@
 indexed): the dequantization of K step ``k + 1`` overlapped with the tensor-core products of
 step ``k``.
 
-Why it exists. Every Triton W4A16 kernel of this library (indexed, contiguous, masked; every
+Why they exist. Every Triton W4A16 kernel of this library (indexed, contiguous, masked; every
 tile) compiles to ``wgmma.wait_group 0`` after each K step: Triton retires a step's wgmma
 before the next step's dequantization starts, so the CUDA cores (dequant) and the tensor cores
-(wgmma) take turns (docs/performance.md). Gluon exposes the wait. Here, per 256-wide K step:
+(wgmma) take turns (docs/performance.md). Gluon exposes the wait.
 
-1. the next step's INT4 words are loaded from global memory into registers (in flight while
-   this step runs), this step's words are dequantized (`int4_dequant`'s lop3 + fma.bf16x2
-   PTX, the same bits as every other path) and stored into a shared-memory buffer;
-2. the eight ``[64 weight rows, 32]`` x ``[32, BR activation rows]`` products of the step
-   are issued as asynchronous wgmmas on one accumulator (weight rows on the M side, as the
-   Triton kernels' swap-AB tiles);
-3. ``warpgroup_mma_wait(8)`` retires the *previous* step's products only: the step just issued
-   keeps the tensor cores busy while the next iteration dequantizes.
+Common to both variants: per 256-wide K step a ``STAGES``-deep TMA ring brings the packed words
+(``[BW, 32]`` i32 of the ``[E * N, Kp / 8]`` view) and the scales (``[8, BW]`` bf16 of the
+``[E * Kp / 32, N]`` view, unswizzled and read through a plain view: group i is row i), plus,
+for the grouped layouts, eight ``[BR, 32]`` activation boxes (the packing pairs group i with
+group i + 4 in one word, so each weight group meets the activation columns of its own group).
+Dequantization is `int4_dequant`'s lop3 + fma.bf16x2 PTX (the same bits as every other path).
+The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
 
-Grouped layouts: activations come by TMA, one ``[BR, 32]`` box per K group (the packed weight
-pairs group i with group i + 4 in one word, so the K order inside a step is the packing's, and
-each weight group meets the activation columns of the same group), through a ``STAGES``-deep
-ring. Dequantized
-weights ping-pong between two sets of eight ``[64, 32]`` buffers: a set is rewritten two steps
-after its products were issued, by which time the wait above has retired them.
+- **Register-A** (engine ``gluon_rs``; `_w4a16_grouped_rs_kernel`, `_w4a16_indexed_rs_kernel`):
+  the words are loaded from the ring straight into wgmma's A-fragment layout
+  (``DotOperandLayout``), dequantized in place, and fed to eight asynchronous register-A
+  wgmmas; step k+1 is dequantized while step k's products run, then ``wait_group 0``. No
+  shared-memory round trip, no fence; 128 weight rows (two warpgroups) fit a CTA. This is
+  the default on sm_90 where it measured faster (H200, 2026-11-29: grouped contiguous 2.0-2.1x
+  the Triton kernel, masked at 32 tok/expert 1.36x, indexed decode 1.03-1.18x; tile tables
+  below carry the numbers).
+- **Shared-memory** (engine ``gluon``; `_w4a16_grouped_sm90_kernel`,
+  `_w4a16_indexed_sm90_kernel`): dequantized weights stored into two sets of eight
+  ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step. Measured
+  0.35-0.84x the Triton kernels: kept as the comparison point, not a default.
 
-Indexed layout: the routed rows (row ``id // top_k`` of route ``id``) are gathered with
-16-byte loads into a second pair of buffer sets, one step ahead, right after the wait that
-freed them; outputs go to row ``id`` (times the routing weight when given); sentinel slots,
-``-1`` expert blocks and blocks past the device-side padded count are skipped as in the
-Triton kernel.
+Indexed layout: the routed rows (row ``id // top_k`` of route ``id``) are loaded into registers
+a step ahead and stored into the free buffer set of ``[BR, 32]`` boxes; outputs go to row
+``id`` (times the routing weight when given); sentinel slots, ``-1`` expert blocks and blocks
+past the device-side padded count are skipped as in the Triton kernel.
 
-Status: compiled for sm_90a by the compile tier (HGMMA in the SASS, ``wgmma.wait_group 8`` in
-the PTX); NOT yet run on a GPU, so it is opt-in (``LOWBIT_W4A16_ENGINE=gluon``,
-``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` or ``W4A16Config(engine="gluon")``) until the GPU tests
-and the benchmark have run it. Gluon does not run under the Triton interpreter: the Triton
-kernels stay the path on CPU.
+Gluon does not run under the Triton interpreter: the Triton kernels stay the path on CPU and
+on any other GPU; the compile tier builds every tile for sm_90a (HGMMA in the SASS, the wait
+depth in the PTX, no spills).
 """
 
 from __future__ import annotations
