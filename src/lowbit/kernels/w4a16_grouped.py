@@ -10,7 +10,11 @@ loop of the indexed family (`w4a16_core.w4a16_tile`). Contiguous: each expert's 
 padded to 128 rows and every M tile divides 128, so a tile belongs to one expert; a tile whose
 first row is padding (``-1``) is all padding and returns at once, and padding rows are never
 stored. Masked: programs past ``masked_m[g]`` return at once (no host readback: capturable in a
-CUDA graph); ``expected_m`` only picks the M tile.
+CUDA graph); ``expected_m`` only picks the M tile (and the engine).
+
+Engines: these Triton kernels run everywhere (the interpreter too). On an sm_90 GPU with
+TMA-able activations the heuristics pick the register-A Gluon kernel of `w4a16_sm90` where it
+measured faster (contiguous; masked from ``expected_m`` 32): `_config_cached` holds the numbers.
 """
 
 from __future__ import annotations
