@@ -131,6 +131,47 @@ def _issue_step(deq, p, xs, s, acc):
 
 
 @gluon.jit
+def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED: gl.constexpr):
+    """Store ``acc[i, r] = out[r0 + r, n0 + i]`` (the weight rows are the output columns): rows
+    past ``masked_m[e]`` (masked) or padding rows (contiguous, ``m_indices < 0``) unwritten."""
+    mma: gl.constexpr = acc.type.layout
+    on = n0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, mma))
+    orr = r0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
+    if MASKED:
+        row_live = orr - e * max_m < valid
+    else:
+        row_live = gl.load(route_ptr + orr) >= 0
+    c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
+    gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
+
+
+@gluon.jit
+def _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr, x_l: gl.constexpr):
+    """Routing block `pid_m`'s rows: which slots hold routes (sentinels do not) and the row
+    pointers ``a[id // top_k]`` (sentinels point at row 0, masked)."""
+    ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
+    row_ok = ids < num_routes
+    return row_ok, a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64)[:, None] * stride_am
+
+
+@gluon.jit
+def _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm,
+                   MUL_WEIGHT: gl.constexpr):
+    """Store ``acc[i, r] = out[ids[r], n0 + i]`` (times the routing weight with MUL_WEIGHT);
+    sentinel slots unwritten."""
+    mma: gl.constexpr = acc.type.layout
+    BR: gl.constexpr = acc.shape[1]
+    on = n0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, mma))
+    oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
+    o_ok = oid < num_routes
+    out = acc
+    if MUL_WEIGHT:
+        out = out * gl.load(topk_w_ptr + oid, mask=o_ok, other=0.0)[None, :]
+    c = c_ptr + oid[None, :].to(gl.int64) * stride_cm + on[:, None]
+    gl.store(c, out.to(gl.bfloat16), mask=(on < N)[:, None] & o_ok[None, :])
+
+
+@gluon.jit
 def _w4a16_grouped_sm90_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm,
@@ -157,6 +198,7 @@ def _w4a16_grouped_sm90_kernel(
         e = gl.load(route_ptr + r0)
         if e < 0:  # a padding block: its rows are never read
             return
+        valid = max_m  # unused: padding rows are found through m_indices
     n0 = pid_n * BW
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -203,15 +245,7 @@ def _w4a16_grouped_sm90_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    # acc[i, r] = out[r0 + r, n0 + i]: the weight rows are the output columns
-    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
-    orr = r0 + gl.arange(0, BR, layout=gl.SliceLayout(0, mma))
-    if MASKED:
-        row_live = orr - e * max_m < valid  # rows past masked_m[e] are not written
-    else:
-        row_live = gl.load(route_ptr + orr) >= 0  # padding rows are not written
-    c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
-    gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
+    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED)
 
 
 @gluon.jit
@@ -281,8 +315,9 @@ def _w4a16_grouped_rs_kernel(
     else:
         r0 = pid_r * BR
         e = gl.load(route_ptr + r0)
-        if e < 0:
+        if e < 0:  # a padding block: its rows are never read
             return
+        valid = max_m  # unused: padding rows are found through m_indices
     n0 = pid_n * BW
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -321,14 +356,7 @@ def _w4a16_grouped_rs_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
-    orr = r0 + gl.arange(0, BR, layout=gl.SliceLayout(0, mma))
-    if MASKED:
-        row_live = orr - e * max_m < valid
-    else:
-        row_live = gl.load(route_ptr + orr) >= 0
-    c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
-    gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
+    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED)
 
 
 @gluon.jit
@@ -402,9 +430,7 @@ def _w4a16_indexed_sm90_kernel(
         mbarrier.expect(ready.index(i), step_bytes, pred=live)
         _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
 
-    ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
-    row_ok = ids < num_routes  # sentinel slots are not routes
-    a_rows = a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64)[:, None] * stride_am
+    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
     x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, 0, K, x_l)
     _gather_store(xs, 0, x0, x1, x2, x3, x4, x5, x6, x7)
 
@@ -429,15 +455,7 @@ def _w4a16_indexed_sm90_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    # acc[i, r] = out[ids[r], n0 + i]
-    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
-    oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
-    o_ok = oid < num_routes
-    out = acc
-    if MUL_WEIGHT:
-        out = out * gl.load(topk_w_ptr + oid, mask=o_ok, other=0.0)[None, :]
-    c = c_ptr + oid[None, :].to(gl.int64) * stride_cm + on[:, None]
-    gl.store(c, out.to(gl.bfloat16), mask=(on < N)[:, None] & o_ok[None, :])
+    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
 
 
 @gluon.jit
@@ -481,9 +499,7 @@ def _w4a16_indexed_rs_kernel(
         mbarrier.expect(ready.index(i), step_bytes, pred=live)
         _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
 
-    ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
-    row_ok = ids < num_routes  # sentinel slots are not routes
-    a_rows = a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64)[:, None] * stride_am
+    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
     x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, 0, K, x_l)
     _gather_store(xs, 0, x0, x1, x2, x3, x4, x5, x6, x7)
     fence_async_shared()
@@ -514,14 +530,7 @@ def _w4a16_indexed_rs_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    on = n0 + gl.arange(0, BW, layout=gl.SliceLayout(1, mma))
-    oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
-    o_ok = oid < num_routes
-    out = acc
-    if MUL_WEIGHT:
-        out = out * gl.load(topk_w_ptr + oid, mask=o_ok, other=0.0)[None, :]
-    c = c_ptr + oid[None, :].to(gl.int64) * stride_cm + on[:, None]
-    gl.store(c, out.to(gl.bfloat16), mask=(on < N)[:, None] & o_ok[None, :])
+    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
 
 
 def _x_layout(br: int):
