@@ -131,6 +131,19 @@ def _issue_step(deq, p, xs, s, acc):
 
 
 @gluon.jit
+def _weight_ring(w_desc, s_desc, STAGES: gl.constexpr):
+    """The STAGES-deep ring of packed words and scales, and one initialized mbarrier a stage
+    (a grouped kernel's activation boxes arrive on the same barrier)."""
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
+    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    return wring, sring, ready
+
+
+@gluon.jit
 def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED: gl.constexpr):
     """Store ``acc[i, r] = out[r0 + r, n0 + i]`` (the weight rows are the output columns): rows
     past ``masked_m[e]`` (masked) or padding rows (contiguous, ``m_indices < 0``) unwritten."""
@@ -206,11 +219,7 @@ def _w4a16_grouped_sm90_kernel(
     deq_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, 32], gl.bfloat16)
     deq = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BW, 32], deq_l)
     xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
-    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
-    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
 
     nk = gl.cdiv(K, 256)
     wrow = e * N + n0
@@ -324,11 +333,7 @@ def _w4a16_grouped_rs_kernel(
                                                   instr_shape=[16, BR, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
-    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
-    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
 
     nk = gl.cdiv(K, 256)
     wrow = e * N + n0
@@ -415,11 +420,7 @@ def _w4a16_indexed_sm90_kernel(
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
     deq = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BW, 32], deq_l)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BR, 32], x_sl)
-    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
-    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
 
     nk = gl.cdiv(K, 256)
     wrow = e * N + n0
@@ -484,11 +485,7 @@ def _w4a16_indexed_rs_kernel(
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
     xs = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BR, 32], x_sl)
-    wring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BW, 32], w_desc.layout)
-    sring = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 8, BW], s_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
 
     nk = gl.cdiv(K, 256)
     wrow = e * N + n0
