@@ -7,7 +7,12 @@ from lowbit import reference, routing
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
 from lowbit.kernels.w4a16_core import VALIDATED_TILES, avoid_miscompile, tile_config
-from lowbit.kernels.w4a16_grouped import contiguous, explain_w4a16_grouped_config, masked, w4a16_grouped_config
+from lowbit.kernels.w4a16_grouped import (
+    contiguous,
+    explain_w4a16_grouped_config,
+    masked,
+    w4a16_grouped_config,
+)
 from lowbit.testing import assert_close, poison_, random_topk_ids
 
 INT4 = get_format("int4_g32")

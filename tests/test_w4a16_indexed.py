@@ -8,8 +8,13 @@ from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
 from lowbit.kernels.w4a16_core import VALIDATED_TILES
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.testing import assert_bitwise_equal, assert_close, poison_, random_topk_ids, random_topk_weights
-
+from lowbit.testing import (
+    assert_bitwise_equal,
+    assert_close,
+    poison_,
+    random_topk_ids,
+    random_topk_weights,
+)
 
 INT4 = get_format("int4_g32")
 BLOCKS = sorted(VALIDATED_TILES)  # every M tile the heuristics can pick
