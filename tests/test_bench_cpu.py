@@ -349,6 +349,11 @@ def test_cli_env_and_show_config():
     assert env["torch"] == torch.__version__ and "cuda_available" in env and "triton" in env
     r = _cli("show-config")
     assert r.returncode == 0 and "w4a16_indexed" in r.stdout and "block_m=" in r.stdout
+    one = ("show-config", "--routes", "8", "--experts", "48", "--n", "4096", "--k", "7168")
+    r = _cli(*one)  # one shape, as chosen on sm_90 (register-A Gluon decode) and off it (Triton)
+    assert r.returncode == 0 and "engine=gluon_rs" in r.stdout, r.stdout
+    r = _cli(*one, "--no-sm90")
+    assert r.returncode == 0 and "engine=triton" in r.stdout and "split_k=2" in r.stdout, r.stdout
 
 
 def test_cli_bench_list():

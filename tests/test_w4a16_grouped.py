@@ -291,3 +291,13 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "triton")
     t = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
     assert (t.engine, t.block_m) == ("triton", 64), t
+
+
+def test_gluon_capable_needs_hopper():
+    """Off an sm_90 GPU (the CPU tier, the interpreter) the Gluon engines are never chosen."""
+    from lowbit.kernels import w4a16_grouped, w4a16_indexed
+
+    pw = pack_w4a16_grouped(INT4.quantize(torch.randn(2, 64, 256) * 0.05), mode="contiguous")
+    a = torch.zeros(128, 256, dtype=torch.bfloat16)
+    assert not w4a16_grouped.gluon_capable(a, pw)
+    assert not w4a16_indexed.gluon_capable(a, pack_w4a16(INT4.quantize(torch.randn(2, 64, 256) * 0.05)))

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--experts", type=int, help="experts of the weight")
     sc.add_argument("--n", type=int, help="output features N")
     sc.add_argument("--k", type=int, help="input features K")
+    sc.add_argument("--no-sm90", action="store_true",
+                    help="with one shape: the choice off Hopper (Triton engine) instead of on sm_90")
     return parser
 
 
@@ -232,7 +234,7 @@ def _cmd_show_config(args: argparse.Namespace) -> int:
         if any(v is None for v in one):
             print("show-config: give all of --routes --experts --n --k", file=sys.stderr)
             return 2
-        print(explain_w4a16_indexed_config(args.routes, args.experts, args.n, args.k))
+        print(explain_w4a16_indexed_config(args.routes, args.experts, args.n, args.k, gluon=not args.no_sm90))
         return 0
     for family, knobs, rows in _show_config_sections():
         active = {k: os.environ[k] for k in knobs if os.environ.get(k)}
