@@ -232,14 +232,15 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
         # H200 2026-11-29, CUDA graph, M=4096 (N, K) = (2304, 5120) / (5120, 2304): Gluon 64x128
         # 142.9 / 150.0 us (676 / 644 TFLOP/s), Gluon 128x128 154.5 / 159.3, Triton 128x128 152.3 /
         # 152.3. At M=128 Gluon lost on one of the two shapes (25.7 vs 19.6 us), so M <= 128 stays
-        # on Triton; a grid that would need split-K too (the Gluon kernel has none). Between 129
-        # and 4095 rows the choice is extrapolated from M=4096, not measured.
-        return _fit_engine(apply_env_overrides(BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
+        # on Triton, as does a grid that would need split-K (the Gluon kernel has none). Between
+        # 129 and 4095 rows the choice is extrapolated from M=4096, not measured.
+        cfg = BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
             f"prefill M={m} on sm_90: Gluon 64x128 (async wgmma overlapped with the promotion; "
-            f"H200 M=4096: 1.02-1.07x the Triton 128x128 tile)")), "FP8_GEMM", _FIELDS), m)
-    programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
-    cfg = replace(cfg, split_k=split, reason=cfg.reason + "; " + why)
+            f"H200 M=4096: 1.02-1.07x the Triton 128x128 tile)"))
+    else:
+        programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+        split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
+        cfg = replace(cfg, split_k=split, reason=cfg.reason + "; " + why)
     return _fit_engine(apply_env_overrides(cfg, "FP8_GEMM", _FIELDS), m)
 
 

@@ -21,7 +21,7 @@ from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
 __all__ = ["GLUON_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key",
-           "override_names", "w4a16_tile"]
+           "override_names", "pick_gluon_tile", "w4a16_tile"]
 
 
 @triton.jit
@@ -120,6 +120,19 @@ def env_key(family: str) -> tuple:
 
 def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
     return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
+
+
+def pick_gluon_tile(tiles: tuple, rows: int, cfg: W4A16Config, env: tuple) -> tuple[int, int, int, int]:
+    """A Gluon engine's tile ``(weight rows, rows, warps, stages)`` with `rows` rows: the first
+    one (each table lists its default first per row count) that matches the ``_BLOCK_N`` and
+    ``_NUM_STAGES`` overrides set in `env` (the family's `env_key`, whose values `cfg` carries);
+    the row count's default when none matches, the table's first tile when no tile has `rows`."""
+    forced_n = env[_OVERRIDE_FIELDS.index("block_n")]
+    forced_stages = env[_OVERRIDE_FIELDS.index("num_stages")]
+    same_rows = [t for t in tiles if t[1] == rows]
+    fits = [t for t in same_rows
+            if (not forced_n or t[0] == cfg.block_n) and (not forced_stages or t[3] == cfg.num_stages)]
+    return (fits or same_rows or [tiles[0]])[0]
 
 
 def avoid_miscompile(cfg: W4A16Config, n: int) -> W4A16Config:

@@ -39,6 +39,7 @@ from .w4a16_core import (
     compile_configs_for,
     env_key,
     override_names,
+    pick_gluon_tile,
     tile_config,
     w4a16_tile,
 )
@@ -143,16 +144,12 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
     from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES
 
-    forced = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), env[:4]))
-    if forced["block_m"] or mode == "masked":
+    if env[0] or mode == "masked":  # env[0]: the BLOCK_M override
         rows = 64 if cfg.block_m <= 64 else 128
     else:
         rows = CONTIGUOUS_ALIGNMENT
-    tiles = GLUON_RS_TILES if cfg.engine == "gluon_rs" else GLUON_TILES
-    fits = [t for t in tiles if t[1] == rows
-            and (not forced["block_n"] or t[0] == cfg.block_n)
-            and (not forced["num_stages"] or t[3] == cfg.num_stages)] or [t for t in tiles if t[1] == rows] or [tiles[0]]
-    bw, br, warps, stages = fits[0]
+    bw, br, warps, stages = pick_gluon_tile(GLUON_RS_TILES if cfg.engine == "gluon_rs" else GLUON_TILES,
+                                            rows, cfg, env)
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages")
 

@@ -37,6 +37,7 @@ from .w4a16_core import (
     compile_configs_for,
     env_key,
     override_names,
+    pick_gluon_tile,
     tile_config,
     w4a16_tile,
 )
@@ -180,14 +181,11 @@ def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
         raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
     from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES
 
-    forced = dict(zip(("block_m", "block_n", "num_warps", "num_stages"), env[:4]))
     engine = cfg.engine
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in INDEXED_RS_TILES):
         engine = "gluon"
-    tiles = [t for t in (INDEXED_RS_TILES if engine == "gluon_rs" else INDEXED_TILES) if t[1] == cfg.block_m]
-    fits = [t for t in tiles if (not forced["block_n"] or t[0] == cfg.block_n)
-            and (not forced["num_stages"] or t[3] == cfg.num_stages)] or tiles
-    bw, _, warps, stages = fits[0]
+    bw, _, warps, stages = pick_gluon_tile(INDEXED_RS_TILES if engine == "gluon_rs" else INDEXED_TILES,
+                                           cfg.block_m, cfg, env)
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
 
