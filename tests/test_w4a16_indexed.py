@@ -8,6 +8,7 @@ from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
 from lowbit.kernels.w4a16_core import VALIDATED_TILES
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES
 from lowbit.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -81,16 +82,17 @@ def test_remote_experts_and_dropped_routes_leave_rows_untouched(gen, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["gluon", "gluon_rs"])
-@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("block,engine", [(b, "gluon") for b in BLOCKS]
+                         + [(b, "gluon_rs") for b in sorted({t[1] for t in INDEXED_RS_TILES})])
 def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     """The Hopper Gluon kernels (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon / gluon_rs) through the
-    same checks as the Triton kernel, every tile of the routing block: N and K off the tiles
-    (5 K steps; 9 to wrap the ring), one token, a hot expert with routing weights and
-    over-allocated buffers, remote experts and dropped routes."""
+    same checks as the Triton kernel, every tile of the routing block (the register-A kernel
+    also runs 128-row blocks): N and K off the tiles (5 K steps; 9 to wrap the ring), one token,
+    a hot expert with routing weights and over-allocated buffers, remote experts and dropped
+    routes, and activations whose rows are not 16-byte aligned (refused, not misread)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
-    from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES
+    from lowbit.kernels.w4a16_sm90 import INDEXED_TILES
 
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", engine)
     rs = engine == "gluon_rs" and any(t[1] == block for t in INDEXED_RS_TILES)
@@ -123,6 +125,12 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     untouched = ids.flatten().cpu() < 2
     assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", "EP map")
+    if engine == "gluon_rs":  # rows 16-byte aligned or a clear error
+        wq, pw, a, ids = _problem(3, 64, 256, 4, 2, gen, "cuda")
+        a_odd = torch.empty(4, 260, dtype=torch.bfloat16, device="cuda")[:, :256]
+        a_odd.copy_(a)
+        with pytest.raises(ValueError, match="16-byte"):
+            _check(a_odd, wq, pw, ids, block, 2, "cuda")
 
 
 def test_gluon_engine_contract(gen, monkeypatch):

@@ -20,7 +20,7 @@ import triton.language as tl
 from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
-__all__ = ["GLUON_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key",
+__all__ = ["GLUON_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key", "env_value",
            "override_names", "pick_gluon_tile", "w4a16_tile"]
 
 
@@ -118,6 +118,11 @@ def env_key(family: str) -> tuple:
     return tuning.env_key(family, _OVERRIDE_FIELDS)
 
 
+def env_value(env: tuple, field: str) -> str:
+    """The raw value of override `field` in an `env_key` tuple ("" when unset)."""
+    return env[_OVERRIDE_FIELDS.index(field)]
+
+
 def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
     return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
 
@@ -127,8 +132,8 @@ def pick_gluon_tile(tiles: tuple, rows: int, cfg: W4A16Config, env: tuple) -> tu
     one (each table lists its default first per row count) that matches the ``_BLOCK_N`` and
     ``_NUM_STAGES`` overrides set in `env` (the family's `env_key`, whose values `cfg` carries);
     the row count's default when none matches, the table's first tile when no tile has `rows`."""
-    forced_n = env[_OVERRIDE_FIELDS.index("block_n")]
-    forced_stages = env[_OVERRIDE_FIELDS.index("num_stages")]
+    forced_n = env_value(env, "block_n")
+    forced_stages = env_value(env, "num_stages")
     same_rows = [t for t in tiles if t[1] == rows]
     fits = [t for t in same_rows
             if (not forced_n or t[0] == cfg.block_n) and (not forced_stages or t[3] == cfg.num_stages)]

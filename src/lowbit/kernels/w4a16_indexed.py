@@ -36,6 +36,7 @@ from .w4a16_core import (
     avoid_miscompile,
     compile_configs_for,
     env_key,
+    env_value,
     override_names,
     pick_gluon_tile,
     tile_config,
@@ -152,18 +153,25 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                    env: tuple) -> W4A16Config:
     tok_e = num_routes / max(num_experts, 1)
     profile = "TP" if num_experts > 64 and n * k < 4096 * 7168 // 2 else "EP"
+    from .w4a16_sm90 import INDEXED_RS_TILES
+
+    rs_blocks = sorted({t[1] for t in INDEXED_RS_TILES})
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
     else:
         why = "block_m fixed by the routing"
-        if block_m not in VALIDATED_TILES:  # only GPU-validated tiles are ever launched
+        rs_only = block_m in rs_blocks and (gluon or env_value(env, "engine") == "gluon_rs")
+        if block_m not in VALIDATED_TILES and not rs_only:  # only GPU-validated tiles are ever launched
             raise ValueError(
                 f"no W4A16 indexed configuration with block_m={block_m}; build the routing with "
-                f"one of {sorted(VALIDATED_TILES)} (w4a16_indexed_config(...).block_m)"
+                f"one of {sorted(VALIDATED_TILES)} (on sm_90 also {rs_blocks}) (w4a16_indexed_config(...).block_m)"
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
-    cfg = tile_config(block_m, f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else ""))
-    cfg = replace(cfg, split_k=split)
+    why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")
+    if block_m in VALIDATED_TILES:
+        cfg = replace(tile_config(block_m, why), split_k=split)
+    else:  # a routing block only the register-A Gluon kernel runs
+        cfg = W4A16Config(block_m, 128, 8, 2, True, engine="gluon_rs", reason=why)
     if gluon and tok_e <= _RS_MAX_TOK_E and block_m == 16:
         cfg = replace(cfg, engine="gluon_rs", reason=f"{cfg.reason}; sm_90 decode: register-A Gluon kernel "
                       f"(H200 EP8 1-20 tokens: 1.03-1.18x the Triton kernel)")
@@ -203,8 +211,13 @@ def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, bloc
 
 def gluon_capable(a: torch.Tensor, w: W4A16Weight) -> bool:
     """Whether the Gluon kernels can run these operands: an sm_90 GPU, N a multiple of 8 (the
-    scales' TMA rows)."""
-    return is_sm90_native(a.device) and w.n % 8 == 0
+    scales' TMA rows), activation rows 16-byte aligned (the register-A kernel gathers them
+    with 16-byte cp.async)."""
+    return is_sm90_native(a.device) and w.n % 8 == 0 and _rows_aligned(a)
+
+
+def _rows_aligned(a: torch.Tensor) -> bool:
+    return a.data_ptr() % 16 == 0 and a.stride(0) % 8 == 0
 
 
 def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, gluon: bool = False) -> str:
@@ -305,6 +318,10 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     if tile not in tiles or config.split_k != 1 or not config.swap_ab:
         raise ValueError(f"w4a16_indexed: the {config.engine} engine runs the tiles (weight rows, routing block, warps, "
                          f"stages) in {tiles} with swap_ab and no split-K, got {tile}, split_k={config.split_k}")
+    if regs_a and not _rows_aligned(a):
+        raise ValueError(f"w4a16_indexed: the gluon_rs engine gathers activation rows with 16-byte copies: a needs a "
+                         f"16-byte aligned base and a row stride that is a multiple of 8 elements, got stride "
+                         f"{a.stride(0)} (use engine='triton' or a contiguous copy)")
     w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile, regs_a)
 
 

@@ -44,6 +44,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -71,7 +72,8 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #: H200 2026-11-29, Kimi EP8 gate_up + down, CUDA graph: 64x16 1 / 4 / 20 tokens 130.8 / 289.4 /
 #: 541.4 us (Triton 154.3 / 322.3 / 559.3; 128 weight rows 155.4 / 375.6 / 753.4).
 #: (A 64-row routing block spills here: 255 registers; it stays on the shared-memory kernel.)
-INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8, 4))
+INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8, 4), (128, 64, 8, 3),
+                    (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
@@ -288,13 +290,91 @@ def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
 
 
 @gluon.jit
-def _load_step(x_desc, w_desc, s_desc, r0, wrow, srow, n0, kt, bar, xs, wring, sring, st, pred):
-    """TMA of step `kt` (words, scales, eight activation boxes) into stage `st`, on `bar`."""
-    step_bytes: gl.constexpr = _GROUPS * x_desc.block_type.nbytes + w_desc.block_type.nbytes + s_desc.block_type.nbytes
-    mbarrier.expect(bar, step_bytes, pred=pred)
-    _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+def _gather_async(xs, st, a_rows, row_ok, kt, K, x_l: gl.constexpr):
+    """cp.async of K step `kt` of the routed activation rows into stage `st` (eight ``[BR, 32]``
+    boxes, group g = K ``256kt + 32g ..``): masked rows and K past the end are zero-filled, so
+    sentinel slots and the K tail multiply as zeros. No registers hold the rows. The rows must
+    be 16-byte aligned (`w4a16_indexed_sm90_launch` checks)."""
+    jx = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
     for g in gl.static_range(_GROUPS):
-        tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)
+        k0 = kt * 256 + g * 32  # K is a multiple of 32 (group size): a group is all in or all out
+        async_copy.async_copy_global_to_shared(xs.index(st * _GROUPS + g), a_rows + (k0 + jx)[None, :],
+                                               mask=(row_ok & (k0 < K))[:, None])
+
+
+@gluon.jit
+def _load_step(x_desc, a_rows, row_ok, K, w_desc, s_desc, r0, wrow, srow, n0, kt, bar, xs, wring, sring, st, pred,
+               GATHER: gl.constexpr, x_l: gl.constexpr):
+    """Step `kt` into stage `st`: words and scales by TMA (on `bar`); the activations by TMA
+    (eight boxes of rows ``r0 ..``, on `bar`) or, with GATHER, by cp.async from the routed row
+    pointers `a_rows` (one commit group a step, waited for with ``async_copy.wait_group``)."""
+    if GATHER:
+        step_bytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
+        mbarrier.expect(bar, step_bytes, pred=pred)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+        _gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l)
+        async_copy.commit_group()
+    else:
+        step_bytes_x: gl.constexpr = (_GROUPS * x_desc.block_type.nbytes + w_desc.block_type.nbytes
+                                      + s_desc.block_type.nbytes)
+        mbarrier.expect(bar, step_bytes_x, pred=pred)
+        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+        for g in gl.static_range(_GROUPS):
+            tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)
+
+
+@gluon.jit
+def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
+                 BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+    """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
+    (scales from row `srow` of the ``[E * Kp / 32, N]`` view), dequantized as wgmma's register
+    A operand, times the activation rows (B operand from the STAGES-deep shared-memory ring:
+    rows ``r0 ..`` by TMA, or the routed rows `a_rows` by cp.async with GATHER), over all of K.
+    Step k+1 is dequantized while step k's eight products run; once they retire
+    (``wait_group 0``) and every warp is past them (barrier), stage k takes step k + STAGES."""
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    if GATHER:
+        xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * _GROUPS, BR, 32],
+                                       gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16))
+    else:
+        xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
+
+    nk = gl.cdiv(K, 256)
+    for i in gl.static_range(STAGES):
+        _load_step(x_desc, a_rows, row_ok, K, w_desc, s_desc, r0, wrow, srow, n0, i, ready.index(i), xs, wring,
+                   sring, i, i < nk, GATHER, x_l)
+    if GATHER:  # step 0's rows landed (this thread's), visible to wgmma (every thread's)
+        async_copy.wait_group(STAGES - 1)
+        fence_async_shared()
+        gl.thread_barrier()
+
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    mbarrier.wait(ready.index(0), 0)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
+    for kt in range(nk - 1):
+        s = kt % STAGES
+        acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+        # step kt+1 dequantized into registers while step kt's products run
+        s1 = (kt + 1) % STAGES
+        mbarrier.wait(ready.index(s1), ((kt + 1) // STAGES) & 1)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
+        if GATHER:  # step kt+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
+            async_copy.wait_group(STAGES - 2)
+            fence_async_shared()
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        gl.thread_barrier()  # every warpgroup is done with stage s before it is refilled
+        _load_step(x_desc, a_rows, row_ok, K, w_desc, s_desc, r0, wrow, srow, n0, kt + STAGES, ready.index(s), xs,
+                   wring, sring, s, kt + STAGES < nk, GATHER, x_l)
+        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
+    acc = _issue_regs(xs, (nk - 1) % STAGES, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+    if GATHER:
+        async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+    return acc
 
 
 @gluon.jit
@@ -304,10 +384,9 @@ def _w4a16_grouped_rs_kernel(
     STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
-    (``wgmma ... {a regs}, [b smem]``): no shared-memory round trip, no fence, and 64 to 128
-    weight rows a CTA (one or two warpgroups) over one activation tile, so the activation bytes
-    re-read from L2 per FLOP halve at 128 rows. Step k+1 is dequantized while step k's eight
-    products run; its stage is refilled once they retire. Same grid and routing as
+    (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
+    and 64 to 128 weight rows a CTA (one or two warpgroups) over one activation tile, so the
+    activation bytes re-read from L2 per FLOP halve at 128 rows. Same grid and routing as
     `_w4a16_grouped_sm90_kernel`."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
     BW: gl.constexpr = w_desc.block_type.shape[0]
@@ -328,39 +407,10 @@ def _w4a16_grouped_rs_kernel(
             return
         valid = max_m  # unused: padding rows are found through m_indices
     n0 = pid_n * BW
-
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
-    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
-
-    nk = gl.cdiv(K, 256)
-    wrow = e * N + n0
-    srow = e * nk * 8
-    for i in gl.static_range(STAGES):
-        _load_step(x_desc, w_desc, s_desc, r0, wrow, srow, n0, i, ready.index(i), xs, wring, sring, i, i < nk)
-
-    acc = gl.zeros([BW, BR], gl.float32, mma)
-    mbarrier.wait(ready.index(0), 0)
-    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
-    for kt in range(nk - 1):
-        s = kt % STAGES
-        acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
-        # step kt+1 dequantized into registers while step kt's products run
-        s1 = (kt + 1) % STAGES
-        mbarrier.wait(ready.index(s1), ((kt + 1) // STAGES) & 1)
-        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-        gl.thread_barrier()  # every warpgroup is done with stage s before it is refilled
-        _load_step(x_desc, w_desc, s_desc, r0, wrow, srow, n0, kt + STAGES, ready.index(s), xs, wring, sring, s,
-                   kt + STAGES < nk)
-        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
-    acc = _issue_regs(xs, (nk - 1) % STAGES, acc, w0, w1, w2, w3, w4, w5, w6, w7)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-
+    acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
+                       BR, STAGES, False, mma)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED)
 
 
@@ -463,12 +513,15 @@ def _w4a16_indexed_sm90_kernel(
 def _w4a16_indexed_rs_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
-    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr,
+    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
-    """`_w4a16_indexed_sm90_kernel` with the dequantized weights kept in registers as the
-    wgmma A operand (as `_w4a16_grouped_rs_kernel`): per step, the next step's routed rows are
-    loaded and stored into the free buffer set and the next step is dequantized while this
-    step's eight products run."""
+    """The indexed layout on the register-A main loop (`_rs_mainloop`): the routed rows (row
+    ``id // top_k`` of route ``id``) are gathered by cp.async into the same STAGES-deep ring
+    as the words, so no register holds them and routing blocks of up to 128 rows fit beside
+    two sets of A fragments. Grid, early exits and output rows as `_w4a16_indexed_sm90_kernel`.
+    X_LAYOUT: the gather's register layout, one thread a 4- to 16-byte piece of a ``[BR, 32]``
+    box with no replication (`_gather_layout`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
@@ -478,56 +531,20 @@ def _w4a16_indexed_rs_kernel(
     if e < 0:  # a block of another rank's expert (EP)
         return
     n0 = pid_n * BW
-
-    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [num_warps, 1], [1, 0])  # 16-byte row loads
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
-    xs = gl.allocate_shared_memory(gl.bfloat16, [2 * _GROUPS, BR, 32], x_sl)
-    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
-
-    nk = gl.cdiv(K, 256)
-    wrow = e * N + n0
-    srow = e * nk * 8
-    step_bytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
-    for i in gl.static_range(STAGES):
-        live = i < nk
-        mbarrier.expect(ready.index(i), step_bytes, pred=live)
-        _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
-
-    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, 0, K, x_l)
-    _gather_store(xs, 0, x0, x1, x2, x3, x4, x5, x6, x7)
-    fence_async_shared()
-    gl.thread_barrier()
-
-    acc = gl.zeros([BW, BR], gl.float32, mma)
-    mbarrier.wait(ready.index(0), 0)
-    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
-    for kt in range(nk - 1):
-        p = kt % 2
-        x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, kt + 1, K, x_l)
-        acc = _issue_regs(xs, p, acc, w0, w1, w2, w3, w4, w5, w6, w7)
-        # buffer set 1 - p was read by step kt-1's products, retired last iteration
-        _gather_store(xs, 1 - p, x0, x1, x2, x3, x4, x5, x6, x7)
-        fence_async_shared()
-        s1 = (kt + 1) % STAGES
-        mbarrier.wait(ready.index(s1), ((kt + 1) // STAGES) & 1)
-        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-        gl.thread_barrier()  # rows stored by every thread; stage kt % STAGES read by every thread
-        s = kt % STAGES
-        live = kt + STAGES < nk
-        mbarrier.expect(ready.index(s), step_bytes, pred=live)
-        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt + STAGES, ready.index(s), wring, sring, s, live)
-        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
-    acc = _issue_regs(xs, (nk - 1) % 2, acc, w0, w1, w2, w3, w4, w5, w6, w7)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-
+    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
+    acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
+                       BR, STAGES, True, X_LAYOUT)
     _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
+
+
+def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
+    """The cp.async gather's layout for ``[br, 32]`` bf16 boxes: every thread a distinct piece
+    (16 bytes when the box is big enough, 4-8 bytes for small routing blocks), warps along the
+    rows; a thread copies several rows when 8 elements a thread do not cover the box."""
+    vec = max(2, min(8, br * 32 // (32 * num_warps)))
+    return gl.BlockedLayout([1, vec], [32 * vec // 32, 32 // vec], [num_warps, 1], [1, 0])
 
 
 def _x_layout(br: int):
@@ -579,10 +596,11 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     bw, br, warps, stages = tile
     w_desc, s_desc = _weight_descs(w, bw)
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
+    extra = {"X_LAYOUT": _gather_layout(br, warps)} if regs_a else {}
     kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
         w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
-        BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps,
+        BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps, **extra,
     )
 
 
@@ -633,12 +651,13 @@ def compile_configs():
             "stride_am": "i32", "stride_cm": "i32",
             "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
         }
+        extra = {"X_LAYOUT": _gather_layout(br, warps)} if rs else {}
         for mul in (False, True):
             cfgs.append(KernelConfig(
                 f"w4a16_indexed_sm90_gluon{'_rs' if rs else ''}[BW={bw},BR={br},w={warps},stages={stages},"
                 f"MUL_WEIGHT={int(mul)}]",
-                _w4a16_indexed_rs_kernel if rs else _w4a16_indexed_sm90_kernel, isig,
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps},
+                _w4a16_indexed_rs_kernel if rs else _w4a16_indexed_sm90_kernel, {**isig, **{k: "constexpr" for k in extra}},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",),
                 unaligned=("N", "K", "num_routes", "top_k")))
