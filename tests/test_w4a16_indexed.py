@@ -319,15 +319,29 @@ def test_tiles_with_n_off_16(block, gen, device):
 
 
 def test_gluon_default_for_decode(monkeypatch):
-    """With `gluon=True` (an sm_90 GPU, N % 8 == 0) the register-A Gluon kernel is the default
-    for the 16-row routing block up to tok_e 3.4 (measured faster there), Triton beyond; the
-    routing block size never changes with `gluon`; an engine override wins."""
+    """With `gluon=True` (an sm_90 GPU, N % 8 == 0, aligned rows) the register-A Gluon kernel is
+    the default where it measured faster: the 16-row routing block up to tok_e 3.4, the 64-row
+    block from tok_e 32, the 128-row block from tok_e 85; the Triton tiles in between. A routing
+    block fixed by the caller stays; 128-row blocks exist only on the Gluon kernel; an engine
+    override wins."""
     for routes in (8, 32, 160):  # EP8 1 / 4 / 20 tokens
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.split_k) == ("gluon_rs", 16, 64, 1), c
         assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
-    assert w4a16_indexed_config(400, 48, 4096, 7168, gluon=True).engine == "triton"  # 50 tokens: unmeasured
-    assert w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True).engine == "triton"
+        assert "K shares" not in c.reason, c.reason  # no split-K on the Gluon kernel
+    c = w4a16_indexed_config(400, 48, 4096, 7168, gluon=True)  # EP8 50 tokens (tok_e 8.3)
+    assert (c.engine, c.block_m) == ("triton", 16), c
+    c = w4a16_indexed_config(8192, 384, 512, 7168, gluon=True)  # TP8 1024 tokens (tok_e 21)
+    assert (c.engine, c.block_m) == ("triton", 32), c
+    c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)
+    assert (c.engine, c.block_m, c.block_n) == ("gluon_rs", 64, 128), c
+    c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 128, 8), c
+    assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile
+    assert w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True).engine == "gluon_rs"
+    assert w4a16_indexed_config(2048, 48, 4096, 7168, block_m=16, gluon=True).engine == "triton"
+    with pytest.raises(ValueError, match="block_m=128"):
+        w4a16_indexed_config(8192, 48, 4096, 7168, block_m=128)
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "triton")
     c = w4a16_indexed_config(8, 48, 4096, 7168, gluon=True)
     assert (c.engine, c.split_k) == ("triton", 2), c

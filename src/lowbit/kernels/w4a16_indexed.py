@@ -139,13 +139,37 @@ _SPLIT_K = (
 ENV_OVERRIDES = override_names("W4A16")
 
 
-#: On a Hopper GPU (N a multiple of 8) the register-A Gluon kernel (`w4a16_sm90`, engine
-#: "gluon_rs", 64 weight rows x the 16-row routing block) is the default for decode up to this
-#: tok_e. H200, 2026-11-29, Kimi EP8 gate_up + down, CUDA graph, L2 flushed: 1 / 4 / 20 tokens
-#: (tok_e 0.17 / 0.67 / 3.3) 130.8 / 289.4 / 541.4 us vs Triton 154.3 (split-K) / 322.3 / 559.3:
-#: 1.18x / 1.11x / 1.03x, shrinking with tok_e, so beyond the last measured point (3.3) the
-#: Triton tiles stay. Larger routing blocks (TP8, prefill) measured slower on Gluon.
-_RS_MAX_TOK_E = 3.4
+#: On a Hopper GPU (N a multiple of 8, rows 16-byte aligned) the register-A Gluon kernel
+#: (`w4a16_sm90`, engine "gluon_rs") by tok_e: (max tok_e, its routing block or None = the
+#: Triton tiles, why). The first row that fits picks the routing block when the caller has not
+#: built the routing yet. H200, 2026-11-29 (fourth session), Kimi gate_up + down, CUDA graph,
+#: L2 flushed, us (`scripts/sweeps/w4a16_indexed_rs_blocks.json`):
+#:   EP8 1 / 4 / 20 tokens (tok_e 0.17 / 0.67 / 3.3), 64x16: 113.3 / 258.7 / 480.7
+#:       (the kernel before rows were gathered by cp.async: 130.6 / 290.4 / 542.9; Triton 154.3 /
+#:       322.3 / 559.3 in the third session)
+#:   EP8 50 tokens (tok_e 8.3): Triton 16-row 579.8, gluon_rs 32-row 587.3 (64x32), 850.4 (128x64)
+#:   TP8 1024 tokens (tok_e 21): Triton 32-row 874.5, gluon_rs 32-row 890.9, 64-row 1188.8
+#:   EP8 256 tokens (tok_e 43): Triton 64-row 1195.9; gluon_rs 64-row 866.0 (128x64), 982.7
+#:       (64x64); 128-row 1203.6
+#:   EP8 1024 tokens (tok_e 171): Triton 3520.7; gluon_rs 128-row 2484.5 (128x128), 64-row 2576.1
+#:   TP8 8192 tokens (tok_e 171): Triton 4963.3; gluon_rs 128-row 3686.0, 64-row 4064.5
+_GLUON_BLOCKS = (
+    (3.4, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-20 tokens: "
+              "1.13-1.36x the Triton kernel)"),
+    (32, None, "between decode and prefill the Triton tiles (H200 EP8 50 tokens 579.8 us vs Gluon 587.3; "
+               "TP8 tok_e 21 874.5 vs 890.9)"),
+    (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block, 128 weight rows (H200 EP8 tok_e "
+             "43: 866 us vs Triton 1196)"),
+    (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128x128 tile (H200 tok_e 171: EP8 2485 us, "
+                        "TP8 3686 vs Triton 3521 / 4963; 64-row block 2576 / 4065)"),
+)
+
+
+def _gluon_runs(block_m: int, tok_e: float) -> bool:
+    """Whether the register-A kernel is the default for a routing block at this tok_e: the
+    block `_GLUON_BLOCKS` picks, or a prefill block (64, 128) beyond the Triton range."""
+    _, rs_block, _ = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+    return block_m == rs_block or (rs_block is not None and block_m in (64, 128)) or block_m not in VALIDATED_TILES
 
 
 @lru_cache(maxsize=4096)
@@ -156,8 +180,13 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     from .w4a16_sm90 import INDEXED_RS_TILES
 
     rs_blocks = sorted({t[1] for t in INDEXED_RS_TILES})
+    # an engine override other than gluon_rs: the routing block as for that engine
+    gluon = gluon and env_value(env, "engine") in ("", "gluon_rs")
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
+        _, rs_block, rs_why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+        if gluon and rs_block is not None:
+            block_m, why = rs_block, rs_why
     else:
         why = "block_m fixed by the routing"
         rs_only = block_m in rs_blocks and (gluon or env_value(env, "engine") == "gluon_rs")
@@ -167,14 +196,16 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                 f"one of {sorted(VALIDATED_TILES)} (on sm_90 also {rs_blocks}) (w4a16_indexed_config(...).block_m)"
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
+    rs = gluon and _gluon_runs(block_m, tok_e)
+    if rs:  # the Gluon kernel does not split K
+        split, split_why = 1, ""
     why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")
     if block_m in VALIDATED_TILES:
         cfg = replace(tile_config(block_m, why), split_k=split)
     else:  # a routing block only the register-A Gluon kernel runs
         cfg = W4A16Config(block_m, 128, 8, 2, True, engine="gluon_rs", reason=why)
-    if gluon and tok_e <= _RS_MAX_TOK_E and block_m == 16:
-        cfg = replace(cfg, engine="gluon_rs", reason=f"{cfg.reason}; sm_90 decode: register-A Gluon kernel "
-                      f"(H200 EP8 1-20 tokens: 1.03-1.18x the Triton kernel)")
+    if rs:
+        cfg = replace(cfg, engine="gluon_rs")
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env), n)
 
 
