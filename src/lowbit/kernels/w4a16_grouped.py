@@ -135,7 +135,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
 def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
     """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's
     tile with 128 rows for contiguous (a whole segment: each weight tile read once per segment),
-    64 or 128 rows for masked (the M tile the heuristic chose, capped at 128), or the rows that
+    for masked the smallest tile rows holding the M tile the heuristic chose, or the rows that
     ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for; ``_BLOCK_N`` (weight rows) and ``_NUM_STAGES``
     pick among that kernel's tiles when set. The reason says what was chosen."""
     if cfg.engine == "triton":
@@ -144,12 +144,13 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
     from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES
 
+    tiles = GLUON_RS_TILES if cfg.engine == "gluon_rs" else GLUON_TILES
     if env[0] or mode == "masked":  # env[0]: the BLOCK_M override
-        rows = 64 if cfg.block_m <= 64 else 128
+        # the smallest tile row count holding the M tile (register-A: 16 to 128 rows)
+        rows = min((t[1] for t in tiles if t[1] >= cfg.block_m), default=max(t[1] for t in tiles))
     else:
         rows = CONTIGUOUS_ALIGNMENT
-    bw, br, warps, stages = pick_gluon_tile(GLUON_RS_TILES if cfg.engine == "gluon_rs" else GLUON_TILES,
-                                            rows, cfg, env)
+    bw, br, warps, stages = pick_gluon_tile(tiles, rows, cfg, env)
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages")
 

@@ -73,6 +73,7 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #: 541.4 us (Triton 154.3 / 322.3 / 559.3; 128 weight rows 155.4 / 375.6 / 753.4).
 #: (A 64-row routing block spills here: 255 registers; it stays on the shared-memory kernel.)
 INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8, 4), (128, 64, 8, 3),
+                    (64, 16, 4, 3), (64, 16, 4, 6),
                     (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
@@ -80,7 +81,8 @@ INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8
 #: H200 2026-11-29, Kimi EP8 gate_up + down, CUDA graph: contiguous 128 rows/expert 128x128
 #: 1283 us, 128x64 1714, 64x128 1861 (2 or 3 stages), Triton 2560; 256 rows/expert 2664 / 3494 /
 #: 4137, Triton 5579; masked 32 tok/expert (128x64) 860, Triton 1173.
-GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3))
+GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
+                  (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 4), (128, 16, 8, 4))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 
 
