@@ -280,14 +280,17 @@ def test_tiles_with_n_off_16(bm, gen, device):
 
 def test_gluon_default_where_measured_faster(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, TMA-able operands) the register-A Gluon kernel is the
-    default for contiguous and for masked from 32 expected rows; Triton otherwise and below; an
-    engine override wins either way and gets a tile of its own engine."""
+    default for contiguous and masked (16-, 32- or 64-row activation tiles by expected_m); Triton
+    off Hopper; an engine override wins either way and gets a tile of its own engine."""
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
     assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 128, 128, 8), c
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
     assert (m32.engine, m32.block_n, m32.block_m) == ("gluon_rs", 128, 64), m32
-    assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True).engine == "triton"
+    for em, rows in ((8, 16), (16, 32)):
+        c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
+        assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 64, rows, 4), c
+    assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8).engine == "triton"
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "triton")
     t = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
     assert (t.engine, t.block_m) == ("triton", 64), t

@@ -320,17 +320,15 @@ def test_tiles_with_n_off_16(block, gen, device):
 
 def test_gluon_default_for_decode(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, N % 8 == 0, aligned rows) the register-A Gluon kernel is
-    the default where it measured faster: the 16-row routing block up to tok_e 3.4, the 64-row
+    the default where it measured faster: the 16-row routing block up to tok_e 10, the 64-row
     block from tok_e 32, the 128-row block from tok_e 85; the Triton tiles in between. A routing
     block fixed by the caller stays; 128-row blocks exist only on the Gluon kernel; an engine
     override wins."""
-    for routes in (8, 32, 160):  # EP8 1 / 4 / 20 tokens
+    for routes in (8, 32, 160, 400):  # EP8 1 / 4 / 20 / 50 tokens
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
-        assert (c.engine, c.block_m, c.block_n, c.split_k) == ("gluon_rs", 16, 64, 1), c
+        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 16, 64, 3, 1), c
         assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
         assert "K shares" not in c.reason, c.reason  # no split-K on the Gluon kernel
-    c = w4a16_indexed_config(400, 48, 4096, 7168, gluon=True)  # EP8 50 tokens (tok_e 8.3)
-    assert (c.engine, c.block_m) == ("triton", 16), c
     c = w4a16_indexed_config(8192, 384, 512, 7168, gluon=True)  # TP8 1024 tokens (tok_e 21)
     assert (c.engine, c.block_m) == ("triton", 32), c
     c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)

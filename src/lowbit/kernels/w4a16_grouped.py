@@ -105,9 +105,9 @@ def _tile_for_rows(rows: float) -> int:
 #: "gluon_rs") is the default where it measured faster (H200, 2026-11-29, Kimi EP8 gate_up +
 #: down, CUDA graph, L2 flushed; `GLUON_RS_TILES` has the tiles' numbers): contiguous at 128 and
 #: 256 rows/expert 2.00x / 2.09x the Triton kernel; masked at 32 tok/expert 1.36x (860 vs 1173
-#: us) but 0.74x at 8 (849 vs 628: a memory-bound grid, where the Triton tile streams better).
-#: Masked switches at this expected_m: 32 is measured, 9-31 are not (kept on Triton).
-_RS_MASKED_MIN_EXPECTED_M = 32
+#: us, 128x64). Masked decode (fourth session) with the small tiles, the M tile the Triton rule
+#: picks: 8 tok/expert 64x16 600.0 vs Triton 621.3 us, 16 tok/expert 64x32 666.2 vs 701.0.
+#: Every masked expected_m runs it; the tile comes from the heuristic's M tile (`_fit_engine`).
 
 
 @lru_cache(maxsize=4096)
@@ -124,9 +124,9 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
-    if gluon and (mode == "contiguous" or expected_m >= _RS_MASKED_MIN_EXPECTED_M):
+    if gluon:
         cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel (H200: "
-                      f"{'2.0-2.1x' if mode == 'contiguous' else '1.36x at 32 tok/expert'} the Triton kernel)")
+                      f"{'2.0-2.1x' if mode == 'contiguous' else '1.04-1.36x at 8-32 tok/expert'} the Triton kernel)")
     # the block_m override (first field of the env key) pins the Gluon tile's rows too; an
     # engine override replaces the default engine (the Triton tile is the base config)
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env), n)

@@ -144,20 +144,20 @@ ENV_OVERRIDES = override_names("W4A16")
 #: Triton tiles, why). The first row that fits picks the routing block when the caller has not
 #: built the routing yet. H200, 2026-11-29 (fourth session), Kimi gate_up + down, CUDA graph,
 #: L2 flushed, us (`scripts/sweeps/w4a16_indexed_rs_blocks.json`):
-#:   EP8 1 / 4 / 20 tokens (tok_e 0.17 / 0.67 / 3.3), 64x16: 113.3 / 258.7 / 480.7
+#:   EP8 1 / 4 / 20 tokens (tok_e 0.17 / 0.67 / 3.3), 64x16: 103.7 / 258.2 / 478.7 (3 stages)
 #:       (the kernel before rows were gathered by cp.async: 130.6 / 290.4 / 542.9; Triton 154.3 /
 #:       322.3 / 559.3 in the third session)
-#:   EP8 50 tokens (tok_e 8.3): Triton 16-row 579.8, gluon_rs 32-row 587.3 (64x32), 850.4 (128x64)
-#:   TP8 1024 tokens (tok_e 21): Triton 32-row 874.5, gluon_rs 32-row 890.9, 64-row 1188.8
+#:   EP8 50 tokens (tok_e 8.3): gluon_rs 16-row 503.8; Triton 16-row 579.8; gluon_rs 32-row 587.3
+#:   TP8 1024 tokens (tok_e 21): Triton 32-row 874.5; gluon_rs 32-row 890.9, 16-row 1238.5
 #:   EP8 256 tokens (tok_e 43): Triton 64-row 1195.9; gluon_rs 64-row 866.0 (128x64), 982.7
 #:       (64x64); 128-row 1203.6
 #:   EP8 1024 tokens (tok_e 171): Triton 3520.7; gluon_rs 128-row 2484.5 (128x128), 64-row 2576.1
 #:   TP8 8192 tokens (tok_e 171): Triton 4963.3; gluon_rs 128-row 3686.0, 64-row 4064.5
 _GLUON_BLOCKS = (
-    (3.4, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-20 tokens: "
-              "1.13-1.36x the Triton kernel)"),
-    (32, None, "between decode and prefill the Triton tiles (H200 EP8 50 tokens 579.8 us vs Gluon 587.3; "
-               "TP8 tok_e 21 874.5 vs 890.9)"),
+    (10, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-50 tokens: "
+             "1.15-1.49x the Triton kernel)"),
+    (32, None, "between decode and prefill the Triton tiles (H200 TP8 tok_e 21: 874.5 us vs Gluon 890.9 "
+               "with 32-row blocks, 1238.5 with 16)"),
     (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block, 128 weight rows (H200 EP8 tok_e "
              "43: 866 us vs Triton 1196)"),
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128x128 tile (H200 tok_e 171: EP8 2485 us, "

@@ -68,19 +68,25 @@ GLUON_TILES = ((64, 128, 4, 2), (64, 64, 4, 3))
 #: ring holds words + scales (9 KB a stage); gathered rows and dequantized weights ping-pong in
 #: two buffer sets. 3 stages at BR <= 32 keep a CTA under 113 KB: two CTAs an SM.
 INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
-#: The register-A indexed kernel's tiles (same fields): no dequantized buffers in shared memory.
-#: H200 2026-11-29, Kimi EP8 gate_up + down, CUDA graph: 64x16 1 / 4 / 20 tokens 130.8 / 289.4 /
-#: 541.4 us (Triton 154.3 / 322.3 / 559.3; 128 weight rows 155.4 / 375.6 / 753.4).
-#: (A 64-row routing block spills here: 255 registers; it stays on the shared-memory kernel.)
-INDEXED_RS_TILES = ((64, 16, 4, 4), (64, 32, 4, 4), (128, 16, 8, 4), (128, 32, 8, 4), (128, 64, 8, 3),
-                    (64, 16, 4, 3), (64, 16, 4, 6),
-                    (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))
+#: The register-A indexed kernel's tiles (same fields; the first of a routing block is its
+#: default). The routed rows are gathered by cp.async into the stage ring, so no register holds
+#: them: 122-140 registers at 16-32 rows, 156-231 at 64-128 (compile tier, no spills).
+#: H200 2026-11-29 (fourth session), Kimi EP8 gate_up + down, CUDA graph, us:
+#:   16-row block, 1 / 4 / 20 tokens: 64x16 3 stages 103.7 / 258.2 / 478.7 (4 CTAs an SM), 4 stages
+#:   113.3 / 258.7 / 480.7, 6 stages 117.7 / 298.5 / 562.7; 128x16 136.2 / 360.4 / 692.9
+#:   64-row block, 256 tokens: 128x64 866.0, 64x64 982.7; 128-row block, 1024 tokens: 128x128
+#:   2484.5, 64x128 2836.0 (`w4a16_indexed._GLUON_BLOCKS` has the comparison with Triton)
+INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
+                    (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
 #: H200 2026-11-29, Kimi EP8 gate_up + down, CUDA graph: contiguous 128 rows/expert 128x128
 #: 1283 us, 128x64 1714, 64x128 1861 (2 or 3 stages), Triton 2560; 256 rows/expert 2664 / 3494 /
 #: 4137, Triton 5579; masked 32 tok/expert (128x64) 860, Triton 1173.
+#: Masked decode, 16- and 32-row tiles (fourth session, us): 8 tok/expert 64x16 600.0, 128x16
+#: 615.1 (Triton 621.3); 16 tok/expert 64x32 666.2, 128x32 749.1 (Triton 701.0); 32 tok/expert
+#: 128x64 854.0, 64x32 924.1.
 GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
                   (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 4), (128, 16, 8, 4))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
