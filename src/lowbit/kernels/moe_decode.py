@@ -56,7 +56,8 @@ FP32 summation order):
 Status (H200, 2026-11-29): correct on the GPU (tests incl. CUDA-graph replay), tiles and the
 engine switch measured (`_TILES`, `_ENGINES`), but far from the read-bandwidth target: the
 Kimi EP8 INT4 layer takes 164 us at M=1 (27% of 4.50 TB/s on the bytes of the experts hit;
-Humming's indexed path 103 us) and falls further behind as M grows (docs/performance.md).
+Humming's indexed path 103 us, lowbit's indexed layer 132 us) and falls further behind as M
+grows: lowbit's indexed path is faster at every batch 1-32 (docs/performance.md, fourth session).
 The fma engine is issue-bound rather than memory-bound (the dequantized pair is widened to FP32
 and multiplied lane by lane); the dot engine runs many tiny K=32 products per 256-wide step.
 """

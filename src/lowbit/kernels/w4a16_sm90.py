@@ -15,23 +15,26 @@ group i + 4 in one word, so each weight group meets the activation columns of it
 Dequantization is `int4_dequant`'s lop3 + fma.bf16x2 PTX (the same bits as every other path).
 The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
 
-- **Register-A** (engine ``gluon_rs``; `_w4a16_grouped_rs_kernel`, `_w4a16_indexed_rs_kernel`):
-  the words are loaded from the ring straight into wgmma's A-fragment layout
-  (``DotOperandLayout``), dequantized in place, and fed to eight asynchronous register-A
-  wgmmas; step k+1 is dequantized while step k's products run, then ``wait_group 0``. No
-  shared-memory round trip, no fence; 128 weight rows (two warpgroups) fit a CTA. This is
-  the default on sm_90 where it measured faster (H200, 2026-11-29: grouped contiguous 2.0-2.1x
-  the Triton kernel, masked at 32 tok/expert 1.36x, indexed decode 1.03-1.18x; tile tables
-  below carry the numbers).
+- **Register-A** (engine ``gluon_rs``; one main loop `_rs_mainloop` under
+  `_w4a16_grouped_rs_kernel` and `_w4a16_indexed_rs_kernel`): the words are loaded from the
+  ring straight into wgmma's A-fragment layout (``DotOperandLayout``), dequantized in place,
+  and fed to eight asynchronous register-A wgmmas; step k+1 is dequantized while step k's
+  products run, then ``wait_group 0``. No shared-memory round trip, no fence; 128 weight rows
+  (two warpgroups) fit a CTA. The indexed kernel gathers its routed rows (row ``id // top_k``
+  of route ``id``) by cp.async into the same ring (zero-filled for sentinels and the K tail),
+  so no register holds them and 16- to 128-row routing blocks fit. The default on sm_90 where
+  it measured faster (H200, 2026-11-29: grouped contiguous 2.0-2.1x the Triton kernel, masked
+  1.04-1.36x, indexed decode 1.15-1.49x and prefill 1.38-1.42x; the tile tables below and
+  the heuristics carry the numbers).
 - **Shared-memory** (engine ``gluon``; `_w4a16_grouped_sm90_kernel`,
   `_w4a16_indexed_sm90_kernel`): dequantized weights stored into two sets of eight
-  ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step. Measured
-  0.35-0.84x the Triton kernels: kept as the comparison point, not a default.
+  ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step; its indexed
+  kernel loads the routed rows into registers a step ahead. Measured 0.35-0.84x the Triton
+  kernels: kept as the comparison point, not a default.
 
-Indexed layout: the routed rows (row ``id // top_k`` of route ``id``) are loaded into registers
-a step ahead and stored into the free buffer set of ``[BR, 32]`` boxes; outputs go to row
-``id`` (times the routing weight when given); sentinel slots, ``-1`` expert blocks and blocks
-past the device-side padded count are skipped as in the Triton kernel.
+Indexed layout (both): outputs go to row ``id`` (times the routing weight when given); sentinel
+slots, ``-1`` expert blocks and blocks past the device-side padded count are skipped as in the
+Triton kernel.
 
 Gluon does not run under the Triton interpreter: the Triton kernels stay the path on CPU and
 on any other GPU; the compile tier builds every tile for sm_90a (HGMMA in the SASS, the wait
