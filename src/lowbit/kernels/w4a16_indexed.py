@@ -167,9 +167,11 @@ _GLUON_BLOCKS = (
 
 def _gluon_runs(block_m: int, tok_e: float) -> bool:
     """Whether the register-A kernel is the default for a routing block at this tok_e: the
-    block `_GLUON_BLOCKS` picks, or a prefill block (64, 128) beyond the Triton range."""
+    block `_GLUON_BLOCKS` picks; in its prefill range either prefill block (both measured faster
+    than Triton there); a block only it runs."""
     _, rs_block, _ = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
-    return block_m == rs_block or (rs_block is not None and block_m in (64, 128)) or block_m not in VALIDATED_TILES
+    prefill = (64, 128)
+    return block_m == rs_block or (rs_block in prefill and block_m in prefill) or block_m not in VALIDATED_TILES
 
 
 @lru_cache(maxsize=4096)

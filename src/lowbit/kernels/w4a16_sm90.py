@@ -157,6 +157,27 @@ def _weight_ring(w_desc, s_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _grouped_block(route_ptr, pid_r, max_m, BR: gl.constexpr, MASKED: gl.constexpr):
+    """Row block `pid_r` of a grouped layout: its expert, first row, the expert's valid rows
+    (masked; unused for contiguous) and whether it has work. Masked: ``cdiv(max_m, BR)`` blocks
+    an expert, route_ptr = masked_m, no work past ``masked_m[e]``. Contiguous: route_ptr =
+    m_indices, no work for a padding block (``m_indices < 0``: its rows are never read)."""
+    if MASKED:
+        blocks = gl.cdiv(max_m, BR)
+        e = pid_r // blocks
+        rb = (pid_r % blocks) * BR  # first row inside the expert's slab
+        valid = gl.minimum(gl.load(route_ptr + e), max_m)
+        live = rb < valid
+        r0 = e * max_m + rb
+    else:
+        r0 = pid_r * BR
+        e = gl.load(route_ptr + r0)
+        live = e >= 0
+        valid = max_m  # padding rows are found through m_indices
+    return e, r0, valid, live
+
+
+@gluon.jit
 def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED: gl.constexpr):
     """Store ``acc[i, r] = out[r0 + r, n0 + i]`` (the weight rows are the output columns): rows
     past ``masked_m[e]`` (masked) or padding rows (contiguous, ``m_indices < 0``) unwritten."""
@@ -209,23 +230,10 @@ def _w4a16_grouped_sm90_kernel(
     ``[E * N, Kp / 8]``; s_desc: the scales as ``[E * Kp / 32, N]``."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    pid_r = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    if MASKED:
-        blocks = gl.cdiv(max_m, BR)
-        e = pid_r // blocks
-        rb = (pid_r % blocks) * BR  # first row inside the expert's slab
-        valid = gl.minimum(gl.load(route_ptr + e), max_m)
-        if rb >= valid:  # past this expert's rows: nothing to compute
-            return
-        r0 = e * max_m + rb
-    else:
-        r0 = pid_r * BR
-        e = gl.load(route_ptr + r0)
-        if e < 0:  # a padding block: its rows are never read
-            return
-        valid = max_m  # unused: padding rows are found through m_indices
-    n0 = pid_n * BW
+    e, r0, valid, live = _grouped_block(route_ptr, gl.program_id(0), max_m, BR, MASKED)
+    if not live:
+        return
+    n0 = gl.program_id(1) * BW
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
@@ -401,23 +409,10 @@ def _w4a16_grouped_rs_kernel(
     `_w4a16_grouped_sm90_kernel`."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    pid_r = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    if MASKED:
-        blocks = gl.cdiv(max_m, BR)
-        e = pid_r // blocks
-        rb = (pid_r % blocks) * BR
-        valid = gl.minimum(gl.load(route_ptr + e), max_m)
-        if rb >= valid:
-            return
-        r0 = e * max_m + rb
-    else:
-        r0 = pid_r * BR
-        e = gl.load(route_ptr + r0)
-        if e < 0:  # a padding block: its rows are never read
-            return
-        valid = max_m  # unused: padding rows are found through m_indices
-    n0 = pid_n * BW
+    e, r0, valid, live = _grouped_block(route_ptr, gl.program_id(0), max_m, BR, MASKED)
+    if not live:
+        return
+    n0 = gl.program_id(1) * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
     acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
