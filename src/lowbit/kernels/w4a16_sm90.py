@@ -624,7 +624,7 @@ def compile_configs():
                 "s_desc": mangle_type(TensorDescriptor(scales, [64, 64], [64, 1], [8, bw], _S_LAYOUT))}
 
     cfgs = []
-    for bw, br, warps, stages in GLUON_TILES:
+    for rs, (bw, br, warps, stages) in [(False, t) for t in GLUON_TILES] + [(True, t) for t in GLUON_RS_TILES]:
         probe = torch.empty(16, 16, dtype=torch.bfloat16)
         sig = {
             "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
@@ -633,23 +633,12 @@ def compile_configs():
         }
         for masked in (False, True):
             cfgs.append(KernelConfig(
-                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon[BW={bw},BR={br},w={warps},stages={stages}]",
-                _w4a16_grouped_sm90_kernel, sig, {"STAGES": stages, "MASKED": masked, "num_warps": warps},
+                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{'_rs' if rs else ''}"
+                f"[BW={bw},BR={br},w={warps},stages={stages}]",
+                _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel, sig,
+                {"STAGES": stages, "MASKED": masked, "num_warps": warps},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                expect_ptx=(f"wgmma.wait_group.sync.aligned {_GROUPS.value}",), unaligned=("N", "K", "max_m")))
-    for bw, br, warps, stages in GLUON_RS_TILES:
-        probe = torch.empty(16, 16, dtype=torch.bfloat16)
-        sig = {
-            "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
-            **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
-            "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
-        }
-        for masked in (False, True):
-            cfgs.append(KernelConfig(
-                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon_rs[BW={bw},BR={br},w={warps},stages={stages}]",
-                _w4a16_grouped_rs_kernel, sig, {"STAGES": stages, "MASKED": masked, "num_warps": warps},
-                num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                expect_ptx=("wgmma.wait_group.sync.aligned 0",), unaligned=("N", "K", "max_m")))
+                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m")))
     for rs, (bw, br, warps, stages) in [(False, t) for t in INDEXED_TILES] + [(True, t) for t in INDEXED_RS_TILES]:
         isig = {
             "a_ptr": "*bf16", **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
