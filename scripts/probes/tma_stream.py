@@ -1,4 +1,4 @@
-"""How fast can TMA alone stream weight-shaped tiles on this GPU? (a probe; not yet run on a GPU)
+"""How fast can TMA alone stream weight-shaped tiles on this GPU? (a probe)
 
     python scripts/probes/tma_stream.py
 
@@ -48,7 +48,8 @@ def _tma_stream_kernel(desc, out_ptr, n_cols, STAGES: gl.constexpr, num_warps: g
     gl.store(out_ptr + cta * BC + gl.arange(0, BC, layout=gl.SliceLayout(0, box_l)), acc)
 
 
-def stream_us(t: torch.Tensor, box: tuple[int, int], stages: int, split: int = 1, num_warps: int = 4) -> float:
+def stream_us(t: torch.Tensor, box: tuple[int, int], stages: int, split: int = 1, num_warps: int = 4,
+              flush_mode: str = "read") -> float:
     """Median us of streaming `t` (int32 ``[R, C]``, R a multiple of the box rows, C of the box
     columns times `split`) once; `split` CTAs share a band's columns."""
     from lowbit.bench.timing import measure
@@ -59,7 +60,7 @@ def stream_us(t: torch.Tensor, box: tuple[int, int], stages: int, split: int = 1
     out = torch.empty(t.shape[0] // br * split, bc, dtype=torch.int32, device=t.device)
     return measure(lambda: _tma_stream_kernel[(t.shape[0] // br, split)](desc, out, t.shape[1] // split,
                                                                          STAGES=stages, num_warps=num_warps),
-                   cuda_graph=True, rep_ms=30).median_us
+                   cuda_graph=True, rep_ms=30, flush_mode=flush_mode).median_us
 
 
 def main() -> None:
@@ -67,14 +68,19 @@ def main() -> None:
     t = torch.randint(0, 1 << 30, (8 * 4096, 896), dtype=torch.int32, device="cuda")
     nbytes = t.numel() * 4
     print(f"streaming {nbytes / 1e6:.0f} MB; 4.50 TB/s would take {nbytes / 4.5e6:.1f} us")
-    for box in ((64, 32), (128, 32), (256, 32)):
-        for stages in (2, 3, 4, 6):
-            for split in (1, 2, 4):
-                if stages * box[0] * box[1] * 4 > 200 * 1024:
-                    continue
-                us = stream_us(t, box, stages, split)
-                print(f"box {box[0]:>3}x{box[1]} i32  stages {stages}  split {split}  {us:8.1f} us  "
-                      f"{nbytes / us / 1e6:5.2f} TB/s", flush=True)
+    from lowbit.bench.timing import measure
+
+    for mode in ("write", "read"):  # L2 left dirty by the flush, or clean
+        us = measure(lambda: t.sum(dtype=torch.int64), cuda_graph=True, rep_ms=30, flush_mode=mode).median_us
+        print(f"flush {mode:5}  torch sum (reference read)       {us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s")
+        for box in ((64, 32), (128, 32), (256, 32)):
+            for stages in (2, 3, 4, 6):
+                for split in (1, 2, 4):
+                    if stages * box[0] * box[1] * 4 > 200 * 1024 or (mode == "write" and split > 1):
+                        continue
+                    us = stream_us(t, box, stages, split, flush_mode=mode)
+                    print(f"flush {mode:5}  box {box[0]:>3}x{box[1]} i32  stages {stages}  split {split}  "
+                          f"{us:8.1f} us  {nbytes / us / 1e6:5.2f} TB/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,45 +11,58 @@ import lowbit.kernels.w4a16_sm90 as _orig
 
 _DIR = tempfile.mkdtemp(prefix="lowbit_probe_")
 with open(_orig.__file__) as _f:
-    _BASE = _f.read()
-_BASE = _BASE.replace("from .int4_dequant import", "from lowbit.kernels.int4_dequant import")
-_BASE = _BASE.replace("from .compile_tier import", "from lowbit.kernels.compile_tier import")
+    _SRC = _f.read()
 
 #: Dequantization replaced by register moves (garbage weights, no ALU work).
 NO_DEQUANT = ('return gl.inline_asm_elementwise(DEQUANT_PAIR_PTX, "=h,=h,r,h,h", [words, s_lo, s_hi],',
               'return gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r,h,h", [words, s_lo, s_hi],')
-#: Grouped kernels: activation TMA only for the first two steps (stale activations after).
-NO_ACT_LOADS = ("""        mbarrier.expect(bar, step_bytes_x, pred=pred)
-        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+#: Grouped kernels: activation TMA (and its barrier wait) only for the first two steps (stale
+#: activations after).
+NO_ACT_LOADS = [
+    ("""        mbarrier.expect(bar, _GROUPS * x_desc.block_type.nbytes, pred=pred)
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)""",
-                """        step_bytes_w: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
-        mbarrier.expect(bar, step_bytes_x, pred=pred & (kt < 2))
-        mbarrier.expect(bar, step_bytes_w, pred=pred & (kt >= 2))
-        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+     """        mbarrier.expect(bar, _GROUPS * x_desc.block_type.nbytes, pred=pred & (kt < 2))
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g),
-                                            pred=pred & (kt < 2))""")
+                                            pred=pred & (kt < 2))"""),
+    ("mbarrier.wait(xready.index(s), (kt // STAGES) & 1)", "mbarrier.wait(xready.index(s), (kt // STAGES) & 1, pred=kt < 2)"),
+    ("mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)",
+     "mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1, pred=nk < 3)"),
+]
 #: Indexed kernel: no cp.async gather of the routed rows.
 NO_GATHER = ("_gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l)",
              "_gather_async(xs, st, a_rows, row_ok & pred & (kt < 0), kt, K, x_l)")
 #: No wgmma (the dequantization then dies as dead code): the TMA + barrier skeleton alone.
 NO_MMA = ("    acc = warpgroup_mma(w0, xs.index(s * _GROUPS + 0).permute((1, 0)), acc, is_async=True)",
           "    return acc\n    acc = warpgroup_mma(w0, xs.index(s * _GROUPS + 0).permute((1, 0)), acc, is_async=True)")
+#: Half the wgmmas of a step (groups 4-7 dropped; their fragments stay alive through the wait's
+#: deps, so the dequantization is unchanged): is the tensor pipe the bound at small N?
+HALF_MMA = ("""    acc = warpgroup_mma(w4, xs.index(s * _GROUPS + 4).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w5, xs.index(s * _GROUPS + 5).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w6, xs.index(s * _GROUPS + 6).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w7, xs.index(s * _GROUPS + 7).permute((1, 0)), acc, is_async=True)
+""", "")
 #: Words and scales read from a tiled copy: each 64-row x 256-K step one contiguous block
 #: (words ``[E, N/64, nk, 64, 32]``, scales ``[E, N/64, nk, 8, 64]``; 64-row tiles only).
 TILED_WEIGHTS = [
     ("tma.async_copy_global_to_shared(w_desc, [wrow, kt * 32], bar, wring.index(st), pred=pred)",
      "tma.async_copy_global_to_shared(w_desc, [wrow + kt * 64, 0], bar, wring.index(st), pred=pred)"),
-    ("    nk = gl.cdiv(K, 256)\n    for i in gl.static_range(STAGES):\n        _load_step(x_desc, a_rows",
+    ("    nk = gl.cdiv(K, 256)\n    for i in gl.static_range(STAGES):\n        _load_weights(",
      ("    nk = gl.cdiv(K, 256)\n    tid = wrow // 64\n    wrow = tid * nk * 64\n    srow = tid * nk * 8\n"
-      "    n0 = n0 * 0\n    for i in gl.static_range(STAGES):\n        _load_step(x_desc, a_rows")),
+      "    n0 = n0 * 0\n    for i in gl.static_range(STAGES):\n        _load_weights(")),
 ]
 
 
-def variant(name: str, edits: list[tuple[str, str]]):
-    """The module `w4a16_sm90` with each ``(old, new)`` edit applied (each must match once)."""
-    src = _BASE
+def _absolute_imports(src: str) -> str:
+    src = src.replace("from .int4_dequant import", "from lowbit.kernels.int4_dequant import")
+    return src.replace("from .compile_tier import", "from lowbit.kernels.compile_tier import")
+
+
+def variant(name: str, edits: list[tuple[str, str]], base: str | None = None):
+    """The module `w4a16_sm90` (or the source text `base`, another version of it) with each
+    ``(old, new)`` edit applied (each must match once)."""
+    src = _absolute_imports(_SRC if base is None else base)
     for old, new in edits:
         if src.count(old) != 1:
             raise RuntimeError(f"probe variant {name!r}: an edit matches {src.count(old)} times, not once")

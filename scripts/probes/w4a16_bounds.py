@@ -5,7 +5,8 @@
 Times variants of the same Gluon kernel (`variants.py`: text edits of `w4a16_sm90`), Kimi EP8
 shapes, CUDA-graph replay, L2 flushed:
   contiguous  gate_up, 128 rows/expert: as built / no activation loads / no dequant / neither
-  decode      64x16 indexed tile, 1 and 20 tokens: as built / no dequant / no gather / no wgmma
+  decode      64x16 indexed tile, 1 and 20 tokens: as built / no dequant / no gather / half the
+              wgmmas / no wgmma
   tiled       the indexed decode tile reading a tiled weight copy (each step's words one
               contiguous 8 KB block) against the production layout; outputs must be equal
 Outputs of the "no X" variants are garbage; only their time means something.
@@ -58,9 +59,9 @@ def _routing(t: int, gen: torch.Generator):
 
 
 def contiguous() -> None:
-    mods = {"as built": v.variant("c_orig", []), "no act loads": v.variant("c_noact", [v.NO_ACT_LOADS]),
+    mods = {"as built": v.variant("c_orig", []), "no act loads": v.variant("c_noact", v.NO_ACT_LOADS),
             "no dequant": v.variant("c_nodeq", [v.NO_DEQUANT]),
-            "neither": v.variant("c_both", [v.NO_ACT_LOADS, v.NO_DEQUANT])}
+            "neither": v.variant("c_both", v.NO_ACT_LOADS + [v.NO_DEQUANT])}
     n, k, rows = 2 * I, H, 128
     w = pack_w4a16_grouped(make_weight(E, n, k, "cuda"), mode="contiguous")
     a = torch.randn(E * rows, k, device="cuda").to(torch.bfloat16)
@@ -78,7 +79,8 @@ def contiguous() -> None:
 
 def decode() -> None:
     mods = {"as built": v.variant("d_orig", []), "no dequant": v.variant("d_nodeq", [v.NO_DEQUANT]),
-            "no gather": v.variant("d_nogather", [v.NO_GATHER]), "no wgmma": v.variant("d_nomma", [v.NO_MMA])}
+            "no gather": v.variant("d_nogather", [v.NO_GATHER]), "half wgmma": v.variant("d_halfmma", [v.HALF_MMA]),
+            "no wgmma": v.variant("d_nomma", [v.NO_MMA])}
     gen = torch.Generator(device="cuda").manual_seed(0)
     for proj, n, k, top_k in (("gate_up", 2 * I, H, 8), ("down", H, I, 1)):
         w = pack_w4a16(make_weight(E, n, k, "cuda"))

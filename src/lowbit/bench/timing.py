@@ -5,8 +5,13 @@ Why it is done this way:
 - **CUDA events, one pair per repetition.** Launches are asynchronous; a host clock measures
   the launch, not the kernel. An event pair brackets exactly one call on the stream, so every
   repetition gives one sample and we can report a distribution, not just a mean.
-- **L2 flushed before every repetition** (a 256 MiB buffer is zeroed, more than four times the
-  H200's 60 MiB L2). In serving, a MoE layer's weights were evicted by the 60 other layers
+- **L2 flushed before every repetition** (a 256 MiB buffer is read, more than four times the
+  H200's 60 MiB L2). The flush *reads*: a zeroing flush leaves ~60 MB of dirty lines in L2,
+  and the timed kernel then pays their write-back to HBM. On the H200 that made a pure TMA
+  stream of 117 MB read 2.7 TB/s instead of the ~4.4 TB/s it reaches after a read flush
+  (`scripts/probes/tma_stream.py`), so every bandwidth fraction was ~14 us too pessimistic
+  (ratios between providers timed the same way were unaffected). ``flush_mode="write"``
+  keeps the old behaviour for comparison. In serving, a MoE layer's weights were evicted by the 60 other layers
   that ran since; timing back-to-back calls on the same buffers would let small problems
   (TP8 down, decode activations) hit in L2 and report bandwidths above HBM's. The flush
   kernel also keeps the GPU busy while the host enqueues the next call, so host-side launch
@@ -122,6 +127,7 @@ def measure(
     max_reps: int = 2000,
     flush_l2: bool = True,
     cuda_graph: bool = False,
+    flush_mode: str = "read",
 ) -> Timing:
     """Time `fn` (a no-argument callable that launches the work) on `device`.
 
@@ -129,6 +135,8 @@ def measure(
     clamped to ``[min_reps, max_reps]``; a first call and about `warmup_ms` of calls run
     untimed. With `cuda_graph`, `fn` is captured once and each repetition replays the graph
     (`fn` must then be capturable: no host syncs, no allocation-size changes).
+    `flush_mode` is ``"read"`` (L2 left holding clean lines; the default) or ``"write"`` (L2 left
+    dirty, as after a kernel that wrote 60 MB).
     Returns a `Timing` in microseconds. Without CUDA (or with a CPU `device`) it times with
     ``time.perf_counter`` for `min_reps` calls (harness testing only).
     """
@@ -144,11 +152,17 @@ def measure(
     if cuda_graph:
         call = _capture_graph(fn, dev)
 
-    flush_buf = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=dev) if flush_l2 else None
+    if flush_mode not in ("read", "write"):
+        raise ValueError(f"flush_mode must be 'read' or 'write', got {flush_mode!r}")
+    flush_buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=dev) if flush_l2 else None
 
     def flush() -> None:
-        if flush_buf is not None:
+        if flush_buf is None:
+            return
+        if flush_mode == "write":
             flush_buf.zero_()
+        else:
+            flush_buf.sum(dtype=torch.int64)  # reads 256 MiB: evicts everything, dirties nothing
 
     # Estimate one call's time (without the flush) to size warm-up and repetitions.
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

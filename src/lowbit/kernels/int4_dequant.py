@@ -11,6 +11,15 @@ and ``i + 4``. `dequant_pair` turns such a word into the two bf16 weights
 
 The result is bit-identical to ``bf16((q - 8) * s)`` computed in FP32, which is what the
 interpreter path computes (inline PTX does not run under the interpreter).
+
+`DEQUANT_BYTE{j}_PTX` is the same arithmetic for register-fragment consumers (the Gluon kernels'
+wgmma / mma.sync A operand), whose registers pair two K-adjacent weights of one group: given
+the words at K ``k`` and ``k + 1`` and byte ``j`` (groups ``2j`` and ``2j + 1``), one ``prmt``
+gathers both words' byte j, and the low / high nibbles become the two packed registers
+``(w[2j][k], w[2j][k+1])`` and ``(w[2j+1][k], w[2j+1][k+1])``; each is scaled by its group's
+scale duplicated in both halves. Eight weights cost eight instructions (prmt, shr, 2 lop3,
+2 x 2 bf16x2 fma), and no register repacking follows; `DEQUANT_PAIR_PTX` in that role cost ~3
+instructions a weight, most on the half-rate integer pipe (prmt repacks, shifts).
 """
 
 import triton
@@ -18,7 +27,8 @@ import triton.language as tl
 
 from . import numerics
 
-__all__ = ["DEQUANT_PAIR_PTX", "dequant_pair"]
+__all__ = ["DEQUANT_BYTE0_PTX", "DEQUANT_BYTE1_PTX", "DEQUANT_BYTE2_PTX", "DEQUANT_BYTE3_PTX", "DEQUANT_PAIR_PTX",
+           "dequant_pair"]
 
 DEQUANT_PAIR_PTX = tl.constexpr("""
 {
@@ -33,6 +43,37 @@ fma.rn.bf16x2 t, t, s, c;
 mov.b32 {$0, $1}, t;
 }
 """)
+
+
+
+def _dequant_byte_ptx(j: int) -> str:
+    """$0, $1 = packed bf16x2 weights of groups 2j, 2j+1 at K (k, k+1); $2, $3 = the words at k
+    and k+1; $4, $5 = the two groups' scales, each duplicated in both halves."""
+    sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)  # byte j of $2 -> bytes 0-1, of $3 -> bytes 2-3
+    return f"""
+{{
+.reg .b32 t, o, one, c, z;
+prmt.b32 t, $2, $3, {sel:#06x};
+shr.u32 o, t, 4;
+lop3.b32 t, t, 0x000F000F, 0x43004300, 0xea;
+lop3.b32 o, o, 0x000F000F, 0x43004300, 0xea;
+mov.b32 one, 0x3F803F80;
+mov.b32 c, 0xC308C308;
+mov.b32 z, 0x80008000;
+fma.rn.bf16x2 t, t, one, c;
+fma.rn.bf16x2 o, o, one, c;
+fma.rn.bf16x2 $0, t, $4, z;
+fma.rn.bf16x2 $1, o, $5, z;
+}}
+"""
+
+
+#: Per byte j = 0..3 (groups 2j, 2j+1); use with ``pack=2`` and constraints "=r,=r,r,r,r,r".
+#: (Four names, not a tuple: a jitted function reads a global only as a `constexpr`.)
+DEQUANT_BYTE0_PTX = tl.constexpr(_dequant_byte_ptx(0))
+DEQUANT_BYTE1_PTX = tl.constexpr(_dequant_byte_ptx(1))
+DEQUANT_BYTE2_PTX = tl.constexpr(_dequant_byte_ptx(2))
+DEQUANT_BYTE3_PTX = tl.constexpr(_dequant_byte_ptx(3))
 
 
 @triton.jit

@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .int4_dequant import DEQUANT_PAIR_PTX
+from .int4_dequant import DEQUANT_BYTE0_PTX, DEQUANT_BYTE1_PTX, DEQUANT_BYTE2_PTX, DEQUANT_BYTE3_PTX, DEQUANT_PAIR_PTX
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
            "w4a16_indexed_sm90_launch"]
@@ -279,18 +279,32 @@ def _w4a16_grouped_sm90_kernel(
 
 
 @gluon.jit
+def _dequant_byte(words, s_even, s_odd, PTX: gl.constexpr):
+    """bf16 weights of groups 2j and 2j + 1 (``DEQUANT_BYTE{j}_PTX``) in `words`' register
+    layout, whose K-adjacent element pairs must share a register (a k_width-2 dot operand)."""
+    _, s_even = gl.broadcast(words, s_even)
+    _, s_odd = gl.broadcast(words, s_odd)
+    return gl.inline_asm_elementwise(PTX, "=r,=r,r,r,r,r", [words, s_even, s_odd],
+                                     dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
+
+
+@gluon.jit
 def _dequant_regs(wring, sring, st, dot_a: gl.constexpr):
-    """Step held in stage `st`, dequantized straight into wgmma A fragments: eight ``[BW, 32]``
-    bf16 tensors (group g = K ``32g ..`` of the step) in the register layout `dot_a`."""
+    """Step held in stage `st`, dequantized straight into wgmma / mma.sync A fragments: eight
+    ``[BW, 32]`` bf16 tensors (group g = K ``32g ..`` of the step) in the register layout `dot_a`."""
     words = wring.index(st).load(dot_a)
     BW: gl.constexpr = wring.shape[1]
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scales = sring.index(st)._reinterpret(gl.bfloat16, [8 * BW], flat)
     srow: gl.constexpr = gl.SliceLayout(1, dot_a)
-    w0, w4 = _dequant_pair(words, scales.slice(0 * BW, BW).load(srow)[:, None], scales.slice(4 * BW, BW).load(srow)[:, None])
-    w1, w5 = _dequant_pair(words >> 4, scales.slice(1 * BW, BW).load(srow)[:, None], scales.slice(5 * BW, BW).load(srow)[:, None])
-    w2, w6 = _dequant_pair(words >> 8, scales.slice(2 * BW, BW).load(srow)[:, None], scales.slice(6 * BW, BW).load(srow)[:, None])
-    w3, w7 = _dequant_pair(words >> 12, scales.slice(3 * BW, BW).load(srow)[:, None], scales.slice(7 * BW, BW).load(srow)[:, None])
+    w0, w1 = _dequant_byte(words, scales.slice(0 * BW, BW).load(srow)[:, None], scales.slice(1 * BW, BW).load(srow)[:, None],
+                           DEQUANT_BYTE0_PTX)
+    w2, w3 = _dequant_byte(words, scales.slice(2 * BW, BW).load(srow)[:, None], scales.slice(3 * BW, BW).load(srow)[:, None],
+                           DEQUANT_BYTE1_PTX)
+    w4, w5 = _dequant_byte(words, scales.slice(4 * BW, BW).load(srow)[:, None], scales.slice(5 * BW, BW).load(srow)[:, None],
+                           DEQUANT_BYTE2_PTX)
+    w6, w7 = _dequant_byte(words, scales.slice(6 * BW, BW).load(srow)[:, None], scales.slice(7 * BW, BW).load(srow)[:, None],
+                           DEQUANT_BYTE3_PTX)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
 
@@ -322,22 +336,23 @@ def _gather_async(xs, st, a_rows, row_ok, kt, K, x_l: gl.constexpr):
 
 
 @gluon.jit
-def _load_step(x_desc, a_rows, row_ok, K, w_desc, s_desc, r0, wrow, srow, n0, kt, bar, xs, wring, sring, st, pred,
-               GATHER: gl.constexpr, x_l: gl.constexpr):
-    """Step `kt` into stage `st`: words and scales by TMA (on `bar`); the activations by TMA
-    (eight boxes of rows ``r0 ..``, on `bar`) or, with GATHER, by cp.async from the routed row
-    pointers `a_rows` (one commit group a step, waited for with ``async_copy.wait_group``)."""
+def _load_weights(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred):
+    """Step `kt`'s words and scales by TMA into stage `st` of the weight ring, arriving on `bar`."""
+    step_bytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
+    mbarrier.expect(bar, step_bytes, pred=pred)
+    _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+
+
+@gluon.jit
+def _load_acts(x_desc, a_rows, row_ok, K, r0, kt, bar, xs, st, pred, GATHER: gl.constexpr, x_l: gl.constexpr):
+    """Step `kt`'s activations into stage `st` of the activation ring: eight TMA boxes of rows
+    ``r0 ..`` arriving on `bar`, or, with GATHER, a cp.async gather of the routed row pointers
+    `a_rows` (one commit group a step, waited for with ``async_copy.wait_group``; `bar` unused)."""
     if GATHER:
-        step_bytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes
-        mbarrier.expect(bar, step_bytes, pred=pred)
-        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
         _gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l)
         async_copy.commit_group()
     else:
-        step_bytes_x: gl.constexpr = (_GROUPS * x_desc.block_type.nbytes + w_desc.block_type.nbytes
-                                      + s_desc.block_type.nbytes)
-        mbarrier.expect(bar, step_bytes_x, pred=pred)
-        _load_weight_step(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pred)
+        mbarrier.expect(bar, _GROUPS * x_desc.block_type.nbytes, pred=pred)
         for g in gl.static_range(_GROUPS):
             tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)
 
@@ -349,8 +364,13 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     (scales from row `srow` of the ``[E * Kp / 32, N]`` view), dequantized as wgmma's register
     A operand, times the activation rows (B operand from the STAGES-deep shared-memory ring:
     rows ``r0 ..`` by TMA, or the routed rows `a_rows` by cp.async with GATHER), over all of K.
-    Step k+1 is dequantized while step k's eight products run; once they retire
-    (``wait_group 0``) and every warp is past them (barrier), stage k takes step k + STAGES."""
+
+    Step k+1 is dequantized while step k's eight products run. The words and scales of a
+    stage are dead once dequantized, so a stage's weights are refilled (step k + STAGES) at
+    the top of step k, before its products are issued: STAGES - 1 weight steps stay in flight
+    through the dequantization, where refilling after the products retire left STAGES - 2
+    (one, at three stages: too few bytes in flight to stream HBM at decode). The activations
+    of a stage are refilled once step k's products retire (``wait_group 0``, then a barrier)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     BW: gl.constexpr = w_desc.block_type.shape[0]
     if GATHER:
@@ -358,41 +378,53 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
                                        gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16))
     else:
         xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
-    wring, sring, ready = _weight_ring(w_desc, s_desc, STAGES)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(xready.index(i), count=1)
 
     nk = gl.cdiv(K, 256)
     for i in gl.static_range(STAGES):
-        _load_step(x_desc, a_rows, row_ok, K, w_desc, s_desc, r0, wrow, srow, n0, i, ready.index(i), xs, wring,
-                   sring, i, i < nk, GATHER, x_l)
-    if GATHER:  # step 0's rows landed (this thread's), visible to wgmma (every thread's)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
+        _load_acts(x_desc, a_rows, row_ok, K, r0, i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+    if GATHER:  # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
         async_copy.wait_group(STAGES - 1)
         fence_async_shared()
-        gl.thread_barrier()
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
-    mbarrier.wait(ready.index(0), 0)
+    mbarrier.wait(wready.index(0), 0)
     w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
+    gl.thread_barrier()  # every warp holds its step-0 fragments: stage 0's weights are free
+    _load_weights(w_desc, s_desc, wrow, srow, n0, STAGES, wready.index(0), wring, sring, 0, STAGES < nk)
     for kt in range(nk - 1):
         s = kt % STAGES
+        if not GATHER:
+            mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
         acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
         # step kt+1 dequantized into registers while step kt's products run
         s1 = (kt + 1) % STAGES
-        mbarrier.wait(ready.index(s1), ((kt + 1) // STAGES) & 1)
+        mbarrier.wait(wready.index(s1), ((kt + 1) // STAGES) & 1)
         v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
         if GATHER:  # step kt+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-        gl.thread_barrier()  # every warpgroup is done with stage s before it is refilled
-        _load_step(x_desc, a_rows, row_ok, K, w_desc, s_desc, r0, wrow, srow, n0, kt + STAGES, ready.index(s), xs,
-                   wring, sring, s, kt + STAGES < nk, GATHER, x_l)
+        # every warpgroup is done with stage s's activations and stage s1's words
+        gl.thread_barrier()
+        _load_acts(x_desc, a_rows, row_ok, K, r0, kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, kt + 1 + STAGES, wready.index(s1), wring, sring, s1,
+                      kt + 1 + STAGES < nk)
         w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
-    acc = _issue_regs(xs, (nk - 1) % STAGES, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+    sl = (nk - 1) % STAGES
+    if not GATHER:
+        mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)
+    acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
     if GATHER:
         async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(wready.index(i))
+        mbarrier.invalidate(xready.index(i))
     return acc
 
 
@@ -639,21 +671,22 @@ def compile_configs():
                 {"STAGES": stages, "MASKED": masked, "num_warps": warps},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m")))
-    for rs, (bw, br, warps, stages) in [(False, t) for t in INDEXED_TILES] + [(True, t) for t in INDEXED_RS_TILES]:
+    kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
+             "gluon_rs": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0")}
+    for kind, (bw, br, warps, stages) in [("gluon", t) for t in INDEXED_TILES] + [("gluon_rs", t) for t in INDEXED_RS_TILES]:
         isig = {
             "a_ptr": "*bf16", **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
             "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32", "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
             "stride_am": "i32", "stride_cm": "i32",
             "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
         }
-        extra = {"X_LAYOUT": _gather_layout(br, warps)} if rs else {}
+        extra = {"X_LAYOUT": _gather_layout(br, warps)} if kind != "gluon" else {}
+        kernel, ptx = kinds[kind]
         for mul in (False, True):
             cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_gluon{'_rs' if rs else ''}[BW={bw},BR={br},w={warps},stages={stages},"
-                f"MUL_WEIGHT={int(mul)}]",
-                _w4a16_indexed_rs_kernel if rs else _w4a16_indexed_sm90_kernel, {**isig, **{k: "constexpr" for k in extra}},
+                f"w4a16_indexed_sm90_{kind}[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
+                kernel, {**isig, **{k: "constexpr" for k in extra}},
                 {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps, **extra},
-                num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",),
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
                 unaligned=("N", "K", "num_routes", "top_k")))
     return cfgs
