@@ -89,9 +89,11 @@ INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8,
 #: 4137, Triton 5579; masked 32 tok/expert (128x64) 860, Triton 1173.
 #: Masked decode, 16- and 32-row tiles (fourth session, us): 8 tok/expert 64x16 600.0, 128x16
 #: 615.1 (Triton 621.3); 16 tok/expert 64x32 666.2, 128x32 749.1 (Triton 701.0); 32 tok/expert
-#: 128x64 854.0, 64x32 924.1.
+#: 128x64 854.0, 64x32 924.1. Fifth session (L2 flush by reads, new dequantization): 8 tok/expert
+#: 64x16 with 3 stages 533.5 (4 CTAs an SM), 4 stages 561.6; 16 tok/expert 64x32 3 stages 631.1,
+#: 4 stages 629.3 (both 2 CTAs an SM: 156-160 registers).
 GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
-                  (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 4), (128, 16, 8, 4))
+                  (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 
 
