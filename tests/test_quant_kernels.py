@@ -250,6 +250,41 @@ def test_fp4_values_roundtrip_grid(device):
 
 
 # ----------------------------------------------------------------------------- heuristics
+def _mx_codes_lane_model(x_bits: torch.Tensor, inv_bits: torch.Tensor) -> torch.Tensor:
+    """The integer steps of `quant._MX_CODES_BF16X2_PTX` for one 16-bit lane (int64 tensors of
+    bf16 bit patterns): x times the inverse scale, the two rounding paths, saturation, sign."""
+    as_bf16 = lambda b: b.to(torch.int16).view(torch.bfloat16)  # noqa: E731
+    v = (as_bf16(x_bits).float() * as_bf16(inv_bits).float()).to(torch.bfloat16)  # mul.rn.bf16x2
+    vb = v.view(torch.int16).to(torch.int64) & 0xFFFF
+    sg, a = vb & 0x8000, vb & 0x7FFF
+    t = ((as_bf16(a).float() * 2 + 128).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF) - 0x4300
+    t = torch.clamp(t, max=2)
+    n = (((a + 0x1F + ((a >> 6) & 1)) >> 6) & 0x3FF).clamp(min=252) - 252
+    return torch.maximum(n, t).clamp(max=7) | (sg >> 12)
+
+
+def test_mx_codes_lane_algorithm_exhaustive():
+    """The GPU's bf16 MXFP4 encoder (`quant._MX_CODES_BF16X2_PTX`, inline PTX: it runs only on
+    the GPU tier) follows this lane model; the model must equal the reference rounding for every
+    finite bf16 x and every scale the kernel can pick for a group holding x (|x| 2**-e <= 6)."""
+    from lowbit.formats.fp4 import quantize_e2m1
+
+    bits = torch.arange(0, 1 << 16, dtype=torch.int64)
+    x = bits.to(torch.int16).view(torch.bfloat16)
+    bits, x = bits[torch.isfinite(x)], x[torch.isfinite(x)]
+    # the smallest exponent e with |x| * 2**-e <= 6 (x is the amax of its group at e_min)
+    e_min = torch.ceil(torch.log2(torch.clamp(x.float().abs(), min=2.0**-126) / 6)).to(torch.int64)
+    for de in (0, 1, 2, 3, 5, 9, 40):
+        e = torch.clamp(e_min + de, min=-126, max=126)
+        keep = (x.float().abs() * torch.exp2(-e.float())) <= 6
+        inv = torch.exp2(-e.float()).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+        got = _mx_codes_lane_model(bits[keep], inv[keep])
+        want = quantize_e2m1(x[keep].float() * torch.exp2(-e[keep].float())).to(torch.int64)
+        bad = (got != want).nonzero()
+        assert bad.numel() == 0, (f"de={de}: x={x[keep][bad[:5, 0]].tolist()} got {got[bad[:5, 0]].tolist()} "
+                                  f"want {want[bad[:5, 0]].tolist()}")
+
+
 def test_quant_config_table():
     # a big prefill tensor: 16 KB tiles (64 groups of 128 bf16), 8 warps
     c = quant_config("act_quant", 16384 * 56, 128)
