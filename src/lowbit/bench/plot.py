@@ -34,7 +34,8 @@ def plot_results(rows: list[dict[str, Any]], path: str | Path, title: str = "") 
         return None
     providers = list(dict.fromkeys(r["provider"] for r in timed))
     cases = list(dict.fromkeys(r["case"] for r in timed))
-    sums = {(r["case"], r["provider"]): r for r in timed if r["projection"] == "sum"}
+    # a case's total: gate_up + down ("sum"), a decode layer ("layer") or one seed-004 op ("op")
+    sums = {(r["case"], r["provider"]): r for r in timed if r["projection"] in ("sum", "layer", "op")}
     parts = [(c, p) for c in cases for p in ("gate_up", "down")
              if any(r["case"] == c and r["projection"] == p for r in timed)]
     by_part = {(r["case"], r["projection"], r["provider"]): r for r in timed if r["projection"] != "sum"}
@@ -60,7 +61,8 @@ def plot_results(rows: list[dict[str, Any]], path: str | Path, title: str = "") 
     ax_t.set_yticks(range(len(cases)))
     ax_t.set_yticklabels(cases, fontsize=8)
     ax_t.invert_yaxis()
-    ax_t.set_xscale("log")
+    if sums:  # a log axis with no positive value raises
+        ax_t.set_xscale("log")
     ax_t.set_xlabel("gate_up + down, median us (black tick: roofline floor)")
     ax_t.grid(axis="x", alpha=0.3)
 
