@@ -257,10 +257,11 @@ def _mx_codes_lane_model(x_bits: torch.Tensor, inv_bits: torch.Tensor) -> torch.
     v = (as_bf16(x_bits).float() * as_bf16(inv_bits).float()).to(torch.bfloat16)  # mul.rn.bf16x2
     vb = v.view(torch.int16).to(torch.int64) & 0xFFFF
     sg, a = vb & 0x8000, vb & 0x7FFF
-    t = ((as_bf16(a).float() * 2 + 128).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF) - 0x4300
-    t = torch.clamp(t, max=2)
-    n = (((a + 0x1F + ((a >> 6) & 1)) >> 6) & 0x3FF).clamp(min=252) - 252
-    return torch.maximum(n, t).clamp(max=7) | (sg >> 12)
+    t = ((as_bf16(a).float() * 2 + 128).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF) - 0x4204
+    assert bool((t >= 0).all()), "a lane would borrow"
+    t = torch.clamp(t, max=254)  # rint(2|v|) + 252, at most 2 + 252
+    n = ((a + ((a >> 6) & 1) + 0x1F) >> 6) & 0x3FF
+    return torch.maximum(n, t).clamp(max=259) - 252 | (sg >> 12)
 
 
 def test_mx_codes_lane_algorithm_exhaustive():
