@@ -339,6 +339,8 @@ def test_quantiles_and_cpu_timing():
     assert quantile([0.0, 10.0], 0.2) == pytest.approx(2.0)
     t = measure(lambda: torch.ones(8).sum(), device="cpu", min_reps=5)
     assert t.clock == "perf_counter" and t.reps == 5 and t.p20_us <= t.median_us <= t.p80_us
+    with pytest.raises(ValueError, match="flush_mode"):
+        measure(lambda: None, device="cpu", flush_mode="zero")
 
 
 # -- CLI -----------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ def measure(
     Returns a `Timing` in microseconds. Without CUDA (or with a CPU `device`) it times with
     ``time.perf_counter`` for `min_reps` calls (harness testing only).
     """
+    if flush_mode not in ("read", "write"):
+        raise ValueError(f"flush_mode must be 'read' or 'write', got {flush_mode!r}")
     dev = torch.device(device) if device is not None else None
     if dev is None:
         dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -152,8 +154,6 @@ def measure(
     if cuda_graph:
         call = _capture_graph(fn, dev)
 
-    if flush_mode not in ("read", "write"):
-        raise ValueError(f"flush_mode must be 'read' or 'write', got {flush_mode!r}")
     flush_buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=dev) if flush_l2 else None
 
     def flush() -> None:
