@@ -27,7 +27,11 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from lowbit.kernels import w4a16_sm90 as k
@@ -154,8 +158,9 @@ def main() -> None:
         a = torch.randn(E * rows, kk, device="cuda").to(torch.bfloat16)
         route = torch.arange(E, device="cuda", dtype=torch.int32).repeat_interleave(rows)
         outs, us = {}, {}
-        for name, fn in (("production", lambda o: k.w4a16_grouped_sm90_launch(a, w, route, o, tile, 0, regs_a=True)),
-                         ("warp-specialized", lambda o: ws_launch(a, w, route, o, tile, 0))):
+        ops = (a, w, route, tile)
+        for name, fn in (("production", lambda o, p=ops: k.w4a16_grouped_sm90_launch(*p[:3], o, p[3], 0, regs_a=True)),
+                         ("warp-specialized", lambda o, p=ops: ws_launch(*p[:3], o, p[3], 0))):
             out = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
             fn(out)
             torch.cuda.synchronize()
