@@ -12,14 +12,17 @@ Common to both variants: per 256-wide K step a ``STAGES``-deep TMA ring brings t
 ``[E * Kp / 32, N]`` view, unswizzled and read through a plain view: group i is row i), plus,
 for the grouped layouts, eight ``[BR, 32]`` activation boxes (the packing pairs group i with
 group i + 4 in one word, so each weight group meets the activation columns of its own group).
-Dequantization is `int4_dequant`'s lop3 + fma.bf16x2 PTX (the same bits as every other path).
+Dequantization is `int4_dequant`'s lop3 + fma.bf16x2 PTX (the same bits as every other path):
+``DEQUANT_BYTE{j}_PTX`` for the register-A kernels (two K-adjacent words a byte, straight into
+the fragment registers), ``DEQUANT_PAIR_PTX`` for the shared-memory ones.
 The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
 
 - **Register-A** (engine ``gluon_rs``; one main loop `_rs_mainloop` under
   `_w4a16_grouped_rs_kernel` and `_w4a16_indexed_rs_kernel`): the words are loaded from the
   ring straight into wgmma's A-fragment layout (``DotOperandLayout``), dequantized in place,
   and fed to eight asynchronous register-A wgmmas; step k+1 is dequantized while step k's
-  products run, then ``wait_group 0``. No shared-memory round trip, no fence; 128 weight rows
+  products run, then ``wait_group 0``; a stage's words are refilled as soon as they are
+  dequantized, its activations once the products retire. No shared-memory round trip, no fence; 128 weight rows
   (two warpgroups) fit a CTA. The indexed kernel gathers its routed rows (row ``id // top_k``
   of route ``id``) by cp.async into the same ring (zero-filled for sentinels and the K tail),
   so no register holds them and 16- to 128-row routing blocks fit. The default on sm_90 where
