@@ -57,9 +57,10 @@ def test_contiguous_all_rows_on_one_expert(gen, device):
 
 
 def _gluon_tiles():
-    from lowbit.kernels.w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES
+    from lowbit.kernels.w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES
 
-    return [("gluon", t) for t in GLUON_TILES] + [("gluon_rs", t) for t in GLUON_RS_TILES]
+    return ([("gluon", t) for t in GLUON_TILES] + [("gluon_rs", t) for t in GLUON_RS_TILES]
+            + [("gluon_ws", t) for t in GLUON_WS_TILES])
 
 
 def _tile_id(et):
@@ -152,6 +153,11 @@ def test_gluon_engine_contract(gen, monkeypatch):
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "64")
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
     assert (c.block_n, c.block_m, c.num_warps) == (64, 128, 4), c
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon_ws")  # only two-warpgroup tiles: BLOCK_N 64 has none
+    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
+    assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_ws", 128, 128, 8), c
+    mk = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=8)
+    assert (mk.engine, mk.block_n, mk.block_m, mk.num_warps) == ("gluon_ws", 128, 16, 8), mk
     monkeypatch.delenv("LOWBIT_W4A16_GROUPED_BLOCK_N")
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "cuda")
     with pytest.raises(ValueError, match="LOWBIT_W4A16_GROUPED_ENGINE"):
@@ -283,7 +289,7 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     default for contiguous and masked (16-, 32- or 64-row activation tiles by expected_m); Triton
     off Hopper; an engine override wins either way and gets a tile of its own engine."""
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
-    assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 128, 128, 8), c
+    assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_ws", 128, 128, 8), c
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
     assert (m32.engine, m32.block_n, m32.block_m) == ("gluon_rs", 128, 64), m32

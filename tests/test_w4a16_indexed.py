@@ -151,9 +151,13 @@ def test_gluon_engine_contract(gen, monkeypatch):
     with pytest.raises(ValueError, match="engine must be"):
         w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
                       config=replace(c, engine="cuda"))
-    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "cuda")
-    with pytest.raises(ValueError, match="LOWBIT_W4A16_ENGINE"):
-        w4a16_indexed_config(8, 48, 4096, 7168)
+    with pytest.raises(ValueError, match="gluon_ws runs the grouped layouts only"):
+        w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
+                      config=replace(c, engine="gluon_ws"))
+    for bad in ("cuda", "gluon_ws"):
+        monkeypatch.setenv("LOWBIT_W4A16_ENGINE", bad)
+        with pytest.raises(ValueError, match="LOWBIT_W4A16_ENGINE"):
+            w4a16_indexed_config(8, 48, 4096, 7168)
 
 
 def test_one_hot_activations_give_the_weight(gen, device):

@@ -20,7 +20,7 @@ import triton.language as tl
 from . import numerics, tuning
 from .int4_dequant import dequant_pair
 
-__all__ = ["GLUON_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key", "env_value",
+__all__ = ["GLUON_ENGINES", "REGISTER_A_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key", "env_value",
            "override_names", "pick_gluon_tile", "w4a16_tile"]
 
 
@@ -80,9 +80,13 @@ class W4A16Config:
     reason: str = ""
 
 
-#: The Hopper engines besides "triton": "gluon" (dequantized weights staged in shared memory)
-#: and "gluon_rs" (dequantized weights as the register A operand of wgmma).
-GLUON_ENGINES = ("gluon", "gluon_rs")
+#: The Hopper engines besides "triton": "gluon" (dequantized weights staged in shared memory),
+#: "gluon_rs" (dequantized weights as the register A operand of wgmma) and "gluon_ws" (the
+#: register-A kernel with a producer warp issuing the TMA loads; grouped layouts only: the
+#: indexed kernel gathers its rows with cp.async from the consumer warps).
+GLUON_ENGINES = ("gluon", "gluon_rs", "gluon_ws")
+#: The engines that run the register-A tiles (`w4a16_sm90.GLUON_RS_TILES` / `INDEXED_RS_TILES`).
+REGISTER_A_ENGINES = ("gluon_rs", "gluon_ws")
 
 #: Tiles that passed the GPU correctness check of `scripts/w4a16_sweep.py` and are the fastest
 #: measured in their regime (H200, 2026-11-29, sweep at a075672, median us, L2 flushed;

@@ -32,6 +32,7 @@ from . import numerics
 from .sm90 import is_sm90_native, require_sm90, tma_problem
 from .w4a16_core import (
     GLUON_ENGINES,
+    REGISTER_A_ENGINES,
     VALIDATED_TILES,
     W4A16Config,
     apply_env_overrides,
@@ -108,6 +109,9 @@ def _tile_for_rows(rows: float) -> int:
 #: us, 128x64). Masked decode (fourth session) with the small tiles, the M tile the Triton rule
 #: picks: 8 tok/expert 64x16 600.0 vs Triton 621.3 us, 16 tok/expert 64x32 666.2 vs 701.0.
 #: Every masked expected_m runs it; the tile comes from the heuristic's M tile (`_fit_engine`).
+#: Contiguous runs it warp-specialized (engine "gluon_ws", a producer warp issuing the TMA
+#: loads): 1.13-1.20x the plain register-A kernel, bit-identical (sixth session, H200,
+#: `w4a16_sm90.GLUON_WS_TILES` has the numbers).
 
 
 @lru_cache(maxsize=4096)
@@ -124,12 +128,22 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
-    if gluon:
-        cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel (H200: "
-                      f"{'2.0-2.1x' if mode == 'contiguous' else '1.04-1.36x at 8-32 tok/expert'} the Triton kernel)")
+    if gluon and mode == "contiguous":
+        cfg = replace(cfg, engine="gluon_ws", reason=f"{why}; sm_90: warp-specialized register-A Gluon kernel "
+                      "(H200: 1.13-1.20x the register-A kernel, which is 2.0-2.1x the Triton kernel)")
+    elif gluon:
+        cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel (H200: 1.04-1.36x "
+                      "the Triton kernel at 8-32 tok/expert)")
     # the block_m override (first field of the env key) pins the Gluon tile's rows too; an
     # engine override replaces the default engine (the Triton tile is the base config)
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env), n)
+
+
+def _engine_tiles(engine: str) -> tuple:
+    """The (weight rows, rows, warps, stages) tiles a Gluon engine's kernel is built for."""
+    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES
+
+    return {"gluon": GLUON_TILES, "gluon_rs": GLUON_RS_TILES, "gluon_ws": GLUON_WS_TILES}[engine]
 
 
 def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
@@ -142,9 +156,7 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
         return cfg
     if cfg.engine not in GLUON_ENGINES:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
-    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES
-
-    tiles = GLUON_RS_TILES if cfg.engine == "gluon_rs" else GLUON_TILES
+    tiles = _engine_tiles(cfg.engine)
     if env[0] or mode == "masked":  # env[0]: the BLOCK_M override
         # the smallest tile row count holding the M tile (register-A: 16 to 128 rows)
         rows = min((t[1] for t in tiles if t[1] >= cfg.block_m), default=max(t[1] for t in tiles))
@@ -256,12 +268,13 @@ def contiguous(
 
 def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows. engine
-    ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
+    ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers;
+    ``gluon_ws``: in registers, with a producer warp issuing the loads."""
     require_sm90(a.device, mode)
-    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES, w4a16_grouped_sm90_launch
+    from .w4a16_sm90 import w4a16_grouped_sm90_launch
 
-    regs_a = config.engine == "gluon_rs"
-    tiles = GLUON_RS_TILES if regs_a else GLUON_TILES
+    regs_a = config.engine in REGISTER_A_ENGINES
+    tiles = _engine_tiles(config.engine)
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in tiles or not config.swap_ab:
         raise ValueError(f"{mode}: the {config.engine} engine runs the tiles (weight rows, rows, warps, stages) in "
@@ -269,7 +282,7 @@ def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int =
     why = tma_problem(a, "the activations")
     if why:
         raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
-    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a)
+    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=config.engine == "gluon_ws")
 
 
 def masked(

@@ -43,6 +43,10 @@ from .w4a16_core import (
     w4a16_tile,
 )
 
+#: The Gluon engines of the indexed layout: "gluon_ws" (a producer warp issuing TMA loads) is
+#: grouped-only, since the indexed kernel gathers its routed rows with the consumers' cp.async.
+_INDEXED_ENGINES = tuple(e for e in GLUON_ENGINES if e != "gluon_ws")
+
 __all__ = ["W4A16IndexedConfig", "explain_w4a16_indexed_config", "w4a16_indexed", "w4a16_indexed_config"]
 
 W4A16IndexedConfig = W4A16Config  # block_m is also the routing block size
@@ -218,8 +222,8 @@ def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
     tile for (64) runs the shared-memory Gluon kernel. The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
-    if cfg.engine not in GLUON_ENGINES:
-        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
+    if cfg.engine not in _INDEXED_ENGINES:
+        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or one of {_INDEXED_ENGINES}, got {cfg.engine!r}")
     from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES
 
     engine = cfg.engine
@@ -311,11 +315,12 @@ def w4a16_indexed(
         raise ValueError(f"out must be bf16 [{num_routes}, {w.n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
-    if config.engine in GLUON_ENGINES:
+    if config.engine in _INDEXED_ENGINES:
         _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config)
         return out
     if config.engine != "triton":
-        raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
+        raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {_INDEXED_ENGINES}, got {config.engine!r}"
+                         + (" (gluon_ws runs the grouped layouts only)" if config.engine == "gluon_ws" else ""))
     config = avoid_miscompile(config, w.n)
     n_tiles = triton.cdiv(w.n, config.block_n)
     split = config.split_k

@@ -62,7 +62,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .int4_dequant import DEQUANT_BYTE0_PTX, DEQUANT_BYTE1_PTX, DEQUANT_BYTE2_PTX, DEQUANT_BYTE3_PTX, DEQUANT_PAIR_PTX
 
-__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
+__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
            "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -97,7 +97,17 @@ INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8,
 #: 4 stages 629.3 (both 2 CTAs an SM: 156-160 registers).
 GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
                   (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
+#: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
+#: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
+#: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
+#: register-A kernel runs two to four: not offered. 168 registers, no spills (compile tier).
+#: H200 2026-11-29 (`scripts/probes/ws_grouped.py`, Kimi EP8 contiguous gate_up, CUDA graph,
+#: bit-identical to `gluon_rs`): 128 rows/expert 128x128 767.8 vs 894.7 us (1.17x), 128x64
+#: 970.5 vs 1163.2 (1.20x); 256 rows/expert 128x128 1599.4 vs 1803.5 (1.13x).
+GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8)
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
+#: Registers of `_ws_mainloop`'s producer warp (setmaxnreg): it only computes TMA coordinates.
+_WS_LOAD_REGS = gl.constexpr(40)
 
 
 @gluon.jit
@@ -434,10 +444,86 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
 
 
 @gluon.jit
+def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
+                      BR: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroups of `_ws_mainloop`: `_rs_mainloop`'s arithmetic (dequantize step k+1
+    while step k's products run), with every stage released by mbarrier instead of refilled by
+    these warps: the words and scales once dequantized (Gluon puts a barrier over the
+    partition's warps before each arrive), the activations once their wgmmas retire."""
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    nk = gl.cdiv(K, 256)
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    mbarrier.wait(wready.index(0), 0)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
+    fence_async_shared()  # generic-proxy reads of the stage ordered before the producer's TMA refill
+    mbarrier.arrive(wempty.index(0), count=1)
+    for kt in range(nk - 1):
+        s = kt % STAGES
+        mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
+        acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+        s1 = (kt + 1) % STAGES
+        mbarrier.wait(wready.index(s1), ((kt + 1) // STAGES) & 1)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
+        fence_async_shared()
+        mbarrier.arrive(wempty.index(s1), count=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        mbarrier.arrive(xempty.index(s), count=1)
+        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
+    sl = (nk - 1) % STAGES
+    mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)
+    acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+    return (acc,)  # a partition returns a tuple (Triton 3.6 flattens it)
+
+
+@gluon.jit
+def _ws_load_partition(x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow, srow, n0,
+                       K, STAGES: gl.constexpr):
+    """Producer warp of `_ws_mainloop`: step k's words + scales into stage k % STAGES as soon as
+    the consumers released it, then its activation boxes once those are released (the empty
+    barriers start in phase 0, so waiting on phase 1 passes for the first STAGES steps)."""
+    nk = gl.cdiv(K, 256)
+    x_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 1], [1, 0])  # unused: TMA rows, no gather
+    for kt in range(nk):
+        s = kt % STAGES
+        ph = (kt // STAGES) & 1
+        mbarrier.wait(wempty.index(s), ph ^ 1)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, kt, wready.index(s), wring, sring, s, True)
+        mbarrier.wait(xempty.index(s), ph ^ 1)
+        _load_acts(x_desc, 0, 0, K, r0, kt, xready.index(s), xs, s, True, False, x_l)
+
+
+@gluon.jit
+def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr, BR: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """`_rs_mainloop` (TMA rows only) warp-specialized: one producer warp issues every TMA as
+    soon as its stage is released, the consumer warpgroups only wait, dequantize and multiply.
+    No CTA barrier is left in the loop, so the next step's loads are not held back by the
+    slowest warpgroup's products, and each warpgroup runs at its own pace. Same arithmetic in
+    the same order as `_rs_mainloop`: bit-identical results (H200 probe,
+    `scripts/probes/ws_grouped.py`)."""
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    wempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    xempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(wempty.index(i), count=1)
+        mbarrier.init(xready.index(i), count=1)
+        mbarrier.init(xempty.index(i), count=1)
+    return gl.warp_specialize([
+        (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES)),
+        (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
+                              srow, n0, K, STAGES)),
+    ], [1], [_WS_LOAD_REGS.value])[0]
+
+
+@gluon.jit
 def _w4a16_grouped_rs_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm,
-    STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
@@ -452,8 +538,11 @@ def _w4a16_grouped_rs_kernel(
     n0 = gl.program_id(1) * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                       BR, STAGES, False, mma)
+    if WARP_SPECIALIZE:
+        acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES)
+    else:
+        acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
+                           BR, STAGES, False, mma)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED)
 
 
@@ -613,21 +702,24 @@ def _weight_descs(w, bw: int) -> tuple[TensorDescriptor, TensorDescriptor]:
     return w_desc, s_desc
 
 
-def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bool = False) -> None:
+def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bool = False,
+                              warp_specialize: bool = False) -> None:
     """Launch on operands `w4a16_grouped` has validated (N a multiple of 8: TMA row strides).
     Contiguous (``max_m == 0``): a ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked
     (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``. w: the
     mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or of
-    `GLUON_RS_TILES` with `regs_a`: the register-A kernel)."""
+    `GLUON_RS_TILES` with `regs_a`: the register-A kernel; with `warp_specialize` too, its
+    `_ws_mainloop` with a producer warp)."""
     bw, br, warps, stages = tile
     rows = a.shape[0]
     x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
     blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
+    extra = {"WARP_SPECIALIZE": warp_specialize} if regs_a else {}
     kernel[(blocks, triton.cdiv(w.n, bw))](
         x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
-        STAGES=stages, MASKED=bool(max_m), num_warps=warps,
+        STAGES=stages, MASKED=bool(max_m), num_warps=warps, **extra,
     )
 
 
@@ -661,19 +753,24 @@ def compile_configs():
                 "s_desc": mangle_type(TensorDescriptor(scales, [64, 64], [64, 1], [8, bw], _S_LAYOUT))}
 
     cfgs = []
-    for rs, (bw, br, warps, stages) in [(False, t) for t in GLUON_TILES] + [(True, t) for t in GLUON_RS_TILES]:
+    grouped = ([("", t) for t in GLUON_TILES] + [("_rs", t) for t in GLUON_RS_TILES]
+               + [("_ws", t) for t in GLUON_WS_TILES])
+    for kind, (bw, br, warps, stages) in grouped:
+        rs = kind != ""
         probe = torch.empty(16, 16, dtype=torch.bfloat16)
         sig = {
             "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
             **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
             "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
         }
+        extra = {"WARP_SPECIALIZE": kind == "_ws"} if rs else {}
         for masked in (False, True):
             cfgs.append(KernelConfig(
-                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{'_rs' if rs else ''}"
+                f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{kind}"
                 f"[BW={bw},BR={br},w={warps},stages={stages}]",
-                _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel, sig,
-                {"STAGES": stages, "MASKED": masked, "num_warps": warps},
+                _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel,
+                {**sig, **{k: "constexpr" for k in extra}},
+                {"STAGES": stages, "MASKED": masked, "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
