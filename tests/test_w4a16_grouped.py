@@ -292,7 +292,7 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_ws", 128, 128, 8), c
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
-    assert (m32.engine, m32.block_n, m32.block_m) == ("gluon_rs", 128, 64), m32
+    assert (m32.engine, m32.block_n, m32.block_m) == ("gluon_ws", 128, 64), m32
     for em, rows in ((8, 16), (16, 32)):
         c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
         assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 64, rows, 4), c
