@@ -8,7 +8,7 @@ from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
 from lowbit.kernels.w4a16_core import VALIDATED_TILES
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES
+from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_WS_TILES
 from lowbit.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -83,7 +83,8 @@ def test_remote_experts_and_dropped_routes_leave_rows_untouched(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block,engine", [(b, "gluon") for b in BLOCKS]
-                         + [(b, "gluon_rs") for b in sorted({t[1] for t in INDEXED_RS_TILES})])
+                         + [(b, "gluon_rs") for b in sorted({t[1] for t in INDEXED_RS_TILES})]
+                         + [(b, "gluon_ws") for b in sorted({t[1] for t in INDEXED_WS_TILES})])
 def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     """The Hopper Gluon kernels (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon / gluon_rs) through the
     same checks as the Triton kernel, every tile of the routing block (the register-A kernel
@@ -95,10 +96,12 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     from lowbit.kernels.w4a16_sm90 import INDEXED_TILES
 
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", engine)
-    rs = engine == "gluon_rs" and any(t[1] == block for t in INDEXED_RS_TILES)
+    tiles = {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
+    if not any(t[1] == block for t in tiles):
+        engine, tiles = "gluon", INDEXED_TILES  # an engine without this routing block: the shared-memory kernel
     ran = w4a16_indexed_config(8, 4, 80, 288, block_m=block).engine
-    assert ran == ("gluon_rs" if rs else "gluon"), ran
-    for bw, _, _, stages in [t for t in (INDEXED_RS_TILES if rs else INDEXED_TILES) if t[1] == block]:
+    assert ran == engine, ran
+    for bw, _, _, stages in [t for t in tiles if t[1] == block]:
         monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(stages))
         monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(bw))
         c = w4a16_indexed_config(8, 4, 80, 288, block_m=block)
@@ -125,7 +128,7 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     untouched = ids.flatten().cpu() < 2
     assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", "EP map")
-    if engine == "gluon_rs":  # rows 16-byte aligned or a clear error
+    if engine in ("gluon_rs", "gluon_ws"):  # rows 16-byte aligned or a clear error
         wq, pw, a, ids = _problem(3, 64, 256, 4, 2, gen, "cuda")
         a_odd = torch.empty(4, 260, dtype=torch.bfloat16, device="cuda")[:, :256]
         a_odd.copy_(a)
@@ -151,13 +154,13 @@ def test_gluon_engine_contract(gen, monkeypatch):
     with pytest.raises(ValueError, match="engine must be"):
         w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
                       config=replace(c, engine="cuda"))
-    with pytest.raises(ValueError, match="gluon_ws runs the grouped layouts only"):
-        w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
-                      config=replace(c, engine="gluon_ws"))
-    for bad in ("cuda", "gluon_ws"):
-        monkeypatch.setenv("LOWBIT_W4A16_ENGINE", bad)
-        with pytest.raises(ValueError, match="LOWBIT_W4A16_ENGINE"):
-            w4a16_indexed_config(8, 48, 4096, 7168)
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")  # two-warpgroup tiles only; else register-A / gluon
+    c = w4a16_indexed_config(8, 48, 4096, 7168, block_m=128)
+    assert (c.engine, c.block_n, c.num_warps) == ("gluon_ws", 128, 8), c
+    assert w4a16_indexed_config(8, 48, 4096, 7168, block_m=64).engine == "gluon_ws"
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "cuda")
+    with pytest.raises(ValueError, match="LOWBIT_W4A16_ENGINE"):
+        w4a16_indexed_config(8, 48, 4096, 7168)
 
 
 def test_one_hot_activations_give_the_weight(gen, device):

@@ -30,6 +30,7 @@ from . import numerics
 from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import (
     GLUON_ENGINES,
+    REGISTER_A_ENGINES,
     VALIDATED_TILES,
     W4A16Config,
     apply_env_overrides,
@@ -42,10 +43,6 @@ from .w4a16_core import (
     tile_config,
     w4a16_tile,
 )
-
-#: The Gluon engines of the indexed layout: "gluon_ws" (a producer warp issuing TMA loads) is
-#: grouped-only, since the indexed kernel gathers its routed rows with the consumers' cp.async.
-_INDEXED_ENGINES = tuple(e for e in GLUON_ENGINES if e != "gluon_ws")
 
 __all__ = ["W4A16IndexedConfig", "explain_w4a16_indexed_config", "w4a16_indexed", "w4a16_indexed_config"]
 
@@ -187,7 +184,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
 
     rs_blocks = sorted({t[1] for t in INDEXED_RS_TILES})
     # an engine override other than gluon_rs: the routing block as for that engine
-    gluon = gluon and env_value(env, "engine") in ("", "gluon_rs")
+    gluon = gluon and env_value(env, "engine") in ("", *REGISTER_A_ENGINES)
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
         _, rs_block, rs_why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
@@ -195,7 +192,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
             block_m, why = rs_block, rs_why
     else:
         why = "block_m fixed by the routing"
-        rs_only = block_m in rs_blocks and (gluon or env_value(env, "engine") == "gluon_rs")
+        rs_only = block_m in rs_blocks and (gluon or env_value(env, "engine") in REGISTER_A_ENGINES)
         if block_m not in VALIDATED_TILES and not rs_only:  # only GPU-validated tiles are ever launched
             raise ValueError(
                 f"no W4A16 indexed configuration with block_m={block_m}; build the routing with "
@@ -215,6 +212,13 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env), n)
 
 
+def _engine_tiles(engine: str) -> tuple:
+    """The (weight rows, routing block, warps, stages) tiles a Gluon engine's kernel is built for."""
+    from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES, INDEXED_WS_TILES
+
+    return {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
+
+
 def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
@@ -222,15 +226,14 @@ def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
     tile for (64) runs the shared-memory Gluon kernel. The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
-    if cfg.engine not in _INDEXED_ENGINES:
-        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or one of {_INDEXED_ENGINES}, got {cfg.engine!r}")
-    from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES
-
+    if cfg.engine not in GLUON_ENGINES:
+        raise ValueError(f"LOWBIT_W4A16_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
     engine = cfg.engine
-    if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in INDEXED_RS_TILES):
+    if engine == "gluon_ws" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_ws")):
+        engine = "gluon_rs"
+    if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    bw, _, warps, stages = pick_gluon_tile(INDEXED_RS_TILES if engine == "gluon_rs" else INDEXED_TILES,
-                                           cfg.block_m, cfg, env)
+    bw, _, warps, stages = pick_gluon_tile(_engine_tiles(engine), cfg.block_m, cfg, env)
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
 
@@ -315,12 +318,11 @@ def w4a16_indexed(
         raise ValueError(f"out must be bf16 [{num_routes}, {w.n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
-    if config.engine in _INDEXED_ENGINES:
+    if config.engine in GLUON_ENGINES:
         _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config)
         return out
     if config.engine != "triton":
-        raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {_INDEXED_ENGINES}, got {config.engine!r}"
-                         + (" (gluon_ws runs the grouped layouts only)" if config.engine == "gluon_ws" else ""))
+        raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
     config = avoid_miscompile(config, w.n)
     n_tiles = triton.cdiv(w.n, config.block_n)
     split = config.split_k
@@ -348,10 +350,10 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
     require_sm90(a.device, "w4a16_indexed")
-    from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES, w4a16_indexed_sm90_launch
+    from .w4a16_sm90 import w4a16_indexed_sm90_launch
 
-    regs_a = config.engine == "gluon_rs"
-    tiles = INDEXED_RS_TILES if regs_a else INDEXED_TILES
+    regs_a = config.engine in REGISTER_A_ENGINES
+    tiles = _engine_tiles(config.engine)
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in tiles or config.split_k != 1 or not config.swap_ab:
         raise ValueError(f"w4a16_indexed: the {config.engine} engine runs the tiles (weight rows, routing block, warps, "
@@ -360,7 +362,8 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
         raise ValueError(f"w4a16_indexed: the gluon_rs engine gathers activation rows with 16-byte copies: a needs a "
                          f"16-byte aligned base and a row stride that is a multiple of 8 elements, got stride "
                          f"{a.stride(0)} (use engine='triton' or a contiguous copy)")
-    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile, regs_a)
+    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile, regs_a,
+                              warp_specialize=config.engine == "gluon_ws")
 
 
 def compile_configs():

@@ -62,7 +62,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .int4_dequant import DEQUANT_BYTE0_PTX, DEQUANT_BYTE1_PTX, DEQUANT_BYTE2_PTX, DEQUANT_BYTE3_PTX, DEQUANT_PAIR_PTX
 
-__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
+__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
            "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -105,9 +105,15 @@ GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 
 #: bit-identical to `gluon_rs`): 128 rows/expert 128x128 767.8 vs 894.7 us (1.17x), 128x64
 #: 970.5 vs 1163.2 (1.20x); 256 rows/expert 128x128 1599.4 vs 1803.5 (1.13x).
 GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8)
+#: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
+#: register-A tiles, the routed rows gathered by the producer warp's cp.async.
+INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8)
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 #: Registers of `_ws_mainloop`'s producer warp (setmaxnreg): it only computes TMA coordinates.
 _WS_LOAD_REGS = gl.constexpr(40)
+#: ... and of the indexed kernel's producer warp, which also holds its lanes' routed-row
+#: pointers (up to 16 rows a lane at 128-row blocks) for the cp.async gather.
+_WS_GATHER_REGS = gl.constexpr(64)
 
 
 @gluon.jit
@@ -445,7 +451,7 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
 
 @gluon.jit
 def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
-                      BR: gl.constexpr, STAGES: gl.constexpr):
+                      BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
     """Consumer warpgroups of `_ws_mainloop`: `_rs_mainloop`'s arithmetic (dequantize step k+1
     while step k's products run), with every stage released by mbarrier instead of refilled by
     these warps: the words and scales once dequantized (Gluon puts a barrier over the
@@ -460,6 +466,8 @@ def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: 
     for kt in range(nk - 1):
         s = kt % STAGES
         mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
+        if GATHER:  # cp.async wrote the rows through the generic proxy; wgmma reads through the async one
+            fence_async_shared()
         acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
         s1 = (kt + 1) % STAGES
         mbarrier.wait(wready.index(s1), ((kt + 1) // STAGES) & 1)
@@ -471,6 +479,8 @@ def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: 
         w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
     sl = (nk - 1) % STAGES
     mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)
+    if GATHER:
+        fence_async_shared()
     acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
     return (acc,)  # a partition returns a tuple (Triton 3.6 flattens it)
@@ -494,8 +504,32 @@ def _ws_load_partition(x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty,
 
 
 @gluon.jit
+def _ws_gather_partition(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, w_desc, s_desc, xs, wring, sring,
+                         wready, wempty, xready, xempty, wrow, srow, n0, K, BR: gl.constexpr, STAGES: gl.constexpr,
+                         x_l: gl.constexpr):
+    """Producer warp of `_ws_mainloop` for the indexed layout: the words and scales by TMA as in
+    `_ws_load_partition`, the routed rows (row ``id // top_k`` of route ``id``) by cp.async
+    (`_gather_async`: sentinels and the K tail zero-filled), each lane's copies of a step
+    signalled on that stage's ready barrier (``cp.async.mbarrier.arrive.noinc``: the barrier
+    counts the warp's 32 lanes)."""
+    nk = gl.cdiv(K, 256)
+    for kt in range(nk):
+        s = kt % STAGES
+        ph = (kt // STAGES) & 1
+        mbarrier.wait(wempty.index(s), ph ^ 1)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, kt, wready.index(s), wring, sring, s, True)
+        # the row pointers are re-derived every step (the ids hit L1): held across the loop, a
+        # 128-row block's 16 pointers a lane spill the producer's registers
+        row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
+        mbarrier.wait(xempty.index(s), ph ^ 1)
+        _gather_async(xs, s, a_rows, row_ok, kt, K, x_l)
+        async_copy.mbarrier_arrive(xready.index(s), increment_count=False)
+
+
+@gluon.jit
 def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr, BR: gl.constexpr,
-                 STAGES: gl.constexpr):
+                 STAGES: gl.constexpr, GATHER: gl.constexpr = False, a_ptr=0, sorted_ids_ptr=0, pid_m=0,
+                 num_routes=0, top_k=0, stride_am=0, x_l: gl.constexpr = None):
     """`_rs_mainloop` (TMA rows only) warp-specialized: one producer warp issues every TMA as
     soon as its stage is released, the consumer warpgroups only wait, dequantize and multiply.
     No CTA barrier is left in the loop, so the next step's loads are not held back by the
@@ -503,20 +537,31 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
     the same order as `_rs_mainloop`: bit-identical results (H200 probe,
     `scripts/probes/ws_grouped.py`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    if GATHER:
+        xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * _GROUPS, BR, 32],
+                                       gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16))
+    else:
+        xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     wempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     xempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(wempty.index(i), count=1)
-        mbarrier.init(xready.index(i), count=1)
+        mbarrier.init(xready.index(i), count=32 if GATHER else 1)  # gather: one arrival a producer lane
         mbarrier.init(xempty.index(i), count=1)
-    return gl.warp_specialize([
-        (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES)),
-        (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
-                              srow, n0, K, STAGES)),
-    ], [1], [_WS_LOAD_REGS.value])[0]
+    if GATHER:
+        return gl.warp_specialize([
+            (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, True)),
+            (_ws_gather_partition, (a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, w_desc, s_desc, xs,
+                                    wring, sring, wready, wempty, xready, xempty, wrow, srow, n0, K, BR, STAGES, x_l)),
+        ], [1], [_WS_GATHER_REGS.value])[0]
+    else:
+        return gl.warp_specialize([
+            (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, False)),
+            (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
+                                  srow, n0, K, STAGES)),
+        ], [1], [_WS_LOAD_REGS.value])[0]
 
 
 @gluon.jit
@@ -646,7 +691,7 @@ def _w4a16_indexed_rs_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
-    num_warps: gl.constexpr,
+    WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`): the routed rows (row
     ``id // top_k`` of route ``id``) are gathered by cp.async into the same STAGES-deep ring
@@ -665,9 +710,13 @@ def _w4a16_indexed_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
-    acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                       BR, STAGES, True, X_LAYOUT)
+    if WARP_SPECIALIZE:  # the producer warp gathers the rows (X_LAYOUT: a one-warp layout)
+        acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
+                           True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
+    else:
+        row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
+        acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
+                           mma, BR, STAGES, True, X_LAYOUT)
     _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
 
 
@@ -724,14 +773,16 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
 
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
-                              regs_a: bool = False) -> None:
+                              regs_a: bool = False, warp_specialize: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
-    built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`)."""
+    built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`), with
+    `warp_specialize` its producer-warp main loop (a tile of `INDEXED_WS_TILES`)."""
     bw, br, warps, stages = tile
     w_desc, s_desc = _weight_descs(w, bw)
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
-    extra = {"X_LAYOUT": _gather_layout(br, warps)} if regs_a else {}
+    extra = ({"X_LAYOUT": _gather_layout(br, 1 if warp_specialize else warps), "WARP_SPECIALIZE": warp_specialize}
+             if regs_a else {})
     kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
         w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
@@ -774,15 +825,18 @@ def compile_configs():
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
-             "gluon_rs": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0")}
-    for kind, (bw, br, warps, stages) in [("gluon", t) for t in INDEXED_TILES] + [("gluon_rs", t) for t in INDEXED_RS_TILES]:
+             "gluon_rs": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0"),
+             "gluon_ws": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0")}
+    for kind, (bw, br, warps, stages) in ([("gluon", t) for t in INDEXED_TILES] + [("gluon_rs", t) for t in INDEXED_RS_TILES]
+                                          + [("gluon_ws", t) for t in INDEXED_WS_TILES]):
         isig = {
             "a_ptr": "*bf16", **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
             "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32", "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
             "stride_am": "i32", "stride_cm": "i32",
             "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
         }
-        extra = {"X_LAYOUT": _gather_layout(br, warps)} if kind != "gluon" else {}
+        ws = kind == "gluon_ws"
+        extra = {"X_LAYOUT": _gather_layout(br, 1 if ws else warps), "WARP_SPECIALIZE": ws} if kind != "gluon" else {}
         kernel, ptx = kinds[kind]
         for mul in (False, True):
             cfgs.append(KernelConfig(
