@@ -114,6 +114,9 @@ _WS_LOAD_REGS = gl.constexpr(40)
 #: ... and of the indexed kernel's producer warp, which also holds its lanes' routed-row
 #: pointers (up to 16 rows a lane at 128-row blocks) for the cp.async gather.
 _WS_GATHER_REGS = gl.constexpr(64)
+#: Warps of the indexed kernel's producer partition: a 128-row block's step is 4096 16-byte
+#: copies, 128 a lane for one warp.
+_WS_GATHER_WARPS = gl.constexpr(4)
 
 
 @gluon.jit
@@ -548,14 +551,14 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
     xempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(wempty.index(i), count=1)
-        mbarrier.init(xready.index(i), count=32 if GATHER else 1)  # gather: one arrival a producer lane
+        mbarrier.init(xready.index(i), count=32 * _WS_GATHER_WARPS.value if GATHER else 1)  # gather: one a lane
         mbarrier.init(xempty.index(i), count=1)
     if GATHER:
         return gl.warp_specialize([
             (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, True)),
             (_ws_gather_partition, (a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, w_desc, s_desc, xs,
                                     wring, sring, wready, wempty, xready, xempty, wrow, srow, n0, K, BR, STAGES, x_l)),
-        ], [1], [_WS_GATHER_REGS.value])[0]
+        ], [_WS_GATHER_WARPS.value], [_WS_GATHER_REGS.value])[0]
     else:
         return gl.warp_specialize([
             (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, False)),
@@ -781,7 +784,8 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     bw, br, warps, stages = tile
     w_desc, s_desc = _weight_descs(w, bw)
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
-    extra = ({"X_LAYOUT": _gather_layout(br, 1 if warp_specialize else warps), "WARP_SPECIALIZE": warp_specialize}
+    extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
+              "WARP_SPECIALIZE": warp_specialize}
              if regs_a else {})
     kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
@@ -836,7 +840,8 @@ def compile_configs():
             "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
         }
         ws = kind == "gluon_ws"
-        extra = {"X_LAYOUT": _gather_layout(br, 1 if ws else warps), "WARP_SPECIALIZE": ws} if kind != "gluon" else {}
+        extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if ws else warps), "WARP_SPECIALIZE": ws}
+                 if kind != "gluon" else {})
         kernel, ptx = kinds[kind]
         for mul in (False, True):
             cfgs.append(KernelConfig(
