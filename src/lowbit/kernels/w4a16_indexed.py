@@ -166,6 +166,16 @@ _GLUON_BLOCKS = (
 )
 
 
+#: Prefill routing blocks (64 and 128 rows: the two-warpgroup tiles) run the register-A kernel
+#: warp-specialized (engine "gluon_ws": a 4-warp producer partition gathers the rows by
+#: cp.async and TMAs the weights). H200, sixth session, CUDA graph, us, gluon_rs -> gluon_ws
+#: (`scripts/sweeps/w4a16_indexed_ws.json`): EP8 256 tokens 820.0 -> 761.4, 1024 tokens
+#: 2274.4 -> 2112.3, TP8 8192 tokens 3523.2 -> 3422.8. With a one-warp producer the gather
+#: kept up only at 256 tokens (780.2; 1024 tokens 2314.3). The 16-row decode block has no
+#: two-warpgroup tile worth running (128x16 with a producer: 0.70-0.73x the 64x16 tile).
+_WS_BLOCKS = (64, 128)
+
+
 def _gluon_runs(block_m: int, tok_e: float) -> bool:
     """Whether the register-A kernel is the default for a routing block at this tok_e: the
     block `_GLUON_BLOCKS` picks; in its prefill range either prefill block (both measured faster
@@ -208,7 +218,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     else:  # a routing block only the register-A Gluon kernel runs
         cfg = W4A16Config(block_m, 128, 8, 2, True, engine="gluon_rs", reason=why)
     if rs:
-        cfg = replace(cfg, engine="gluon_rs")
+        cfg = replace(cfg, engine="gluon_ws" if block_m in _WS_BLOCKS else "gluon_rs")
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env), n)
 
 
