@@ -14,6 +14,7 @@ below). Budget 5e-3, about twice that.
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -43,6 +44,9 @@ VARIANTS = {
     "ht16_plain": SparseAttnConfig(16, 16, 4, 2, False),
     "ht32_swap": SparseAttnConfig(32, 32, 4, 2, True),
     "ht64_plain": SparseAttnConfig(64, 32, 8, 2, False),
+    # the top-k list shared by several programs (FP32 shares + the combine kernel); uneven shares
+    "ht32_swap_split3": SparseAttnConfig(32, 16, 4, 2, True, split_kv=3),
+    "ht64_plain_split2": SparseAttnConfig(64, 16, 8, 2, False, split_kv=2),
     "heuristic": None,
 }
 
@@ -94,7 +98,7 @@ def test_d512_heads32_heuristic(gen, device):
     assert_close(_run(q, kv, sink, idx).float(), _ref(q, kv, sink, idx), BUDGET)
 
 
-@pytest.mark.parametrize("variant", ["ht16_swap", "ht64_plain"])
+@pytest.mark.parametrize("variant", ["ht16_swap", "ht64_plain", "ht32_swap_split3"])
 @pytest.mark.parametrize("sink_kind", ["finite", "-inf", "huge"])
 def test_all_invalid_rows_are_exact_zeros(variant, sink_kind, gen, device):
     b, s, h, d, n, topk = 2, 3, 5, 32, 30, 40
@@ -234,6 +238,12 @@ def test_heuristics(monkeypatch):
     with pytest.raises(ValueError, match="LOWBIT_SPARSE_ATTN_BLOCK_KV"):
         sparse_attn_config(64, 1, 64)
     monkeypatch.delenv("LOWBIT_SPARSE_ATTN_BLOCK_KV")
+    monkeypatch.setenv("LOWBIT_SPARSE_ATTN_SPLIT_KV", "4")
+    assert sparse_attn_config(64, 1, 64).split_kv == 4
+    monkeypatch.setenv("LOWBIT_SPARSE_ATTN_SPLIT_KV", "0")
+    with pytest.raises(ValueError, match="split_kv"):
+        sparse_attn_config(64, 1, 64)
+    monkeypatch.delenv("LOWBIT_SPARSE_ATTN_SPLIT_KV")
     monkeypatch.setenv("LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM", "8")
     with pytest.raises(ValueError, match="heads_per_program"):
         sparse_attn_config(64, 1, 64)
@@ -308,8 +318,10 @@ def test_production_tiles_d512_on_gpu(h, gen):
     """Every table row at d = 512 with a long top-k (several pipeline stages), natively."""
     q, kv, sink, idx = _problem(4, 1, h, 512, 65536, 2048, gen, "cuda", p_empty=0.05)
     for ht in TILE_TABLE:
-        cfg = sa_mod._table_config(ht, "test")
-        assert_close(_run(q, kv, sink, idx, config=cfg).float(), _ref(q, kv, sink, idx), BUDGET, f"HT={ht}")
+        for split in (1, 3):  # 3 shares of 2048 slots: uneven (704, 704, 640 at BK 64)
+            cfg = replace(sa_mod._table_config(ht, "test"), split_kv=split)
+            assert_close(_run(q, kv, sink, idx, config=cfg).float(), _ref(q, kv, sink, idx), BUDGET,
+                         f"HT={ht} split {split}")
 
 
 @pytest.mark.gpu

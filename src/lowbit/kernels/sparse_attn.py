@@ -87,11 +87,13 @@ def _sparse_attn_kernel(
     stride_kvb, stride_kvn,
     stride_ib, stride_is,
     stride_ob, stride_os, stride_oh,
-    qk_scale,
+    qk_scale, slots_per_split,
     D: tl.constexpr, BD: tl.constexpr, HT: tl.constexpr, BK: tl.constexpr, SWAP_AB: tl.constexpr,
+    SPLIT_OUT: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     pid_t = tl.program_id(1)
+    pid_s = tl.program_id(2)
     bi = (pid_t // S).to(tl.int64)
     si = (pid_t % S).to(tl.int64)
     heads = pid_h * HT + tl.arange(0, HT)
@@ -110,9 +112,12 @@ def _sparse_attn_kernel(
         acc = tl.zeros([BD, HT], tl.float32)
     else:
         acc = tl.zeros([HT, BD], tl.float32)
-    for start in range(0, TOPK, BK):
+    # this program's share of the slots (all of them without SPLIT_OUT)
+    lo = pid_s * slots_per_split
+    hi = tl.minimum(lo + slots_per_split, TOPK)
+    for start in range(lo, hi, BK):
         j = start + tl.arange(0, BK)
-        idx = tl.load(idx_base + j, mask=j < TOPK, other=-1)
+        idx = tl.load(idx_base + j, mask=j < hi, other=-1)
         ok = (idx >= 0) & (idx < N)  # empty (-1), past topk, or out of range: not read
         if D == BD:
             kv_mask = ok[:, None]
@@ -138,6 +143,20 @@ def _sparse_attn_kernel(
             acc = numerics.dot(numerics.to_bf16(p), kv, acc * alpha[:, None])
         m_i = m_new
 
+    if SPLIT_OUT:
+        # unnormalized share: FP32 acc [HT, D] and (m, l) per head, combined (with the sink) by
+        # `_sparse_attn_combine_kernel`; out_ptr is the FP32 workspace [b * s, splits, H, BD + 2]
+        # (the row's last two columns hold m and l)
+        row = (pid_t * tl.num_programs(2) + pid_s).to(tl.int64) * H + heads
+        ws = out_ptr + row * (BD + 2)
+        if SWAP_AB:
+            tl.store(ws[:, None] + dd[None, :], tl.trans(acc), mask=hd_ok)
+        else:
+            tl.store(ws[:, None] + dd[None, :], acc, mask=hd_ok)
+        tl.store(ws + BD, m_i, mask=h_ok)
+        tl.store(ws + BD + 1, l_i, mask=h_ok)
+        return
+
     # the sink joins the denominator only (padded heads: -inf, no contribution)
     sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634
     l_i = l_i + tl.math.exp2(sink - m_i)
@@ -151,6 +170,46 @@ def _sparse_attn_kernel(
              numerics.to_bf16(o), mask=hd_ok)
 
 
+@triton.jit
+def _sparse_attn_combine_kernel(
+    ws_ptr, sink_ptr, out_ptr, H, S, SPLITS,
+    stride_ob, stride_os, stride_oh,
+    D: tl.constexpr, BD: tl.constexpr, HC: tl.constexpr,
+):
+    """Fold the ``SPLITS`` shares of one query's heads ``[HC]``: ``M = max m_s``,
+    ``out = sum_s 2**(m_s - M) acc_s / (sum_s 2**(m_s - M) l_s + 2**(sink - M))`` (log2 units),
+    with the single kernel's guards (finite initial max, a zero denominator -> 0)."""
+    pid_t = tl.program_id(0)
+    heads = tl.program_id(1) * HC + tl.arange(0, HC)
+    h_ok = heads < H
+    dd = tl.arange(0, BD)
+    hd_ok = h_ok[:, None] & (dd < D)[None, :]
+    m_all = tl.full([HC], -1.0e30, tl.float32)
+    for sp in range(SPLITS):
+        row = (pid_t * SPLITS + sp).to(tl.int64) * H + heads
+        m_all = tl.maximum(m_all, tl.load(ws_ptr + row * (BD + 2) + BD, mask=h_ok, other=-1.0e30))
+    l_all = tl.zeros([HC], tl.float32)
+    acc = tl.zeros([HC, BD], tl.float32)
+    for sp in range(SPLITS):
+        row = (pid_t * SPLITS + sp).to(tl.int64) * H + heads
+        w = ws_ptr + row * (BD + 2)
+        scale = tl.math.exp2(tl.load(w + BD, mask=h_ok, other=-1.0e30) - m_all)
+        l_all += scale * tl.load(w + BD + 1, mask=h_ok, other=0.0)
+        acc += scale[:, None] * tl.load(w[:, None] + dd[None, :], mask=hd_ok, other=0.0)
+    sink = tl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634
+    l_all = l_all + tl.math.exp2(sink - m_all)
+    inv = 1.0 / tl.where(l_all > 0.0, l_all, 1.0)
+    bi = (pid_t // S).to(tl.int64)
+    si = (pid_t % S).to(tl.int64)
+    tl.store(out_ptr + bi * stride_ob + si * stride_os + heads[:, None] * stride_oh + dd[None, :],
+             numerics.to_bf16(acc * inv[:, None]), mask=hd_ok)
+
+
+#: Heads a program of the combine kernel folds (its FP32 [HC, 512] tile: 64 registers a thread
+#: at 4 warps).
+_COMBINE_HEADS = 16
+
+
 # --------------------------------------------------------------------------- heuristics
 @dataclass(frozen=True)
 class SparseAttnConfig:
@@ -162,6 +221,9 @@ class SparseAttnConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool
+    #: programs sharing one query's top-k list (> 1: FP32 shares in a workspace, folded by a
+    #: second kernel; more programs in flight when queries x head tiles leave SMs idle)
+    split_kv: int = 1
     reason: str = ""
 
 
@@ -184,7 +246,7 @@ TILE_TABLE: dict[int, tuple[int, int, int, bool]] = {
 #: H200 streaming multiprocessors, used to size the grid when no CUDA device is visible.
 _DEFAULT_SMS = 132
 
-_OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab")
+_OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab", "split_kv")
 
 #: ``LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM`` ... : tuning overrides, each part of the memo key.
 ENV_OVERRIDES = tuning.override_names("SPARSE_ATTN", _OVERRIDE_FIELDS)
@@ -204,6 +266,8 @@ def _check_config(cfg: SparseAttnConfig) -> SparseAttnConfig:
         raise ValueError(f"num_warps must be 4 or 8, got {cfg.num_warps}")
     if cfg.num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {cfg.num_stages}")
+    if cfg.split_kv < 1:
+        raise ValueError(f"split_kv must be >= 1, got {cfg.split_kv}")
     return cfg
 
 
@@ -225,7 +289,7 @@ def _apply_env_overrides(cfg: SparseAttnConfig) -> SparseAttnConfig:
 
 def _table_config(ht: int, why: str) -> SparseAttnConfig:
     bk, warps, stages, swap = TILE_TABLE[ht]
-    return SparseAttnConfig(ht, bk, warps, stages, swap, why)
+    return SparseAttnConfig(ht, bk, warps, stages, swap, reason=why)
 
 
 @lru_cache(maxsize=4096)
@@ -268,7 +332,7 @@ def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu
 def explain_sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu") -> str:
     c = sparse_attn_config(b, s, h, device)
     return (f"sparse_attn b={b} s={s} h={h}: heads_per_program={c.heads_per_program} block_kv={c.block_kv} "
-            f"warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} -- {c.reason}")
+            f"warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_kv={c.split_kv} -- {c.reason}")
 
 
 # --------------------------------------------------------------------------- launcher
@@ -355,18 +419,29 @@ def sparse_attn(
     config = sparse_attn_config(b, s, h, q.device) if config is None else _check_config(config)
     sink = attn_sink.contiguous()
     ht = config.heads_per_program
-    grid = (triton.cdiv(h, ht), b * s)
-    _sparse_attn_kernel[grid](
-        q, kv, sink, topk_idxs, out,
+    bd = max(16, triton.next_power_of_2(d))
+    # each share a whole number of KV blocks; no empty share
+    per = triton.cdiv(triton.cdiv(max(topk, 1), config.split_kv), config.block_kv) * config.block_kv
+    splits = triton.cdiv(max(topk, 1), per)
+    dst = out
+    if splits > 1:
+        dst = torch.empty(b * s, splits, h, bd + 2, dtype=torch.float32, device=q.device)
+    _sparse_attn_kernel[(triton.cdiv(h, ht), b * s, splits)](
+        q, kv, sink, topk_idxs, dst,
         h, n, topk, s,
         q.stride(0), q.stride(1), q.stride(2),
         kv.stride(0), kv.stride(1),
         topk_idxs.stride(0), topk_idxs.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        softmax_scale * LOG2E,
-        D=d, BD=max(16, triton.next_power_of_2(d)), HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab,
+        softmax_scale * LOG2E, per,
+        D=d, BD=bd, HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab, SPLIT_OUT=splits > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if splits > 1:
+        _sparse_attn_combine_kernel[(b * s, triton.cdiv(h, _COMBINE_HEADS))](
+            dst, sink, out, h, s, splits, out.stride(0), out.stride(1), out.stride(2),
+            D=d, BD=bd, HC=_COMBINE_HEADS, num_warps=4,
+        )
     return out
 
 
@@ -381,14 +456,15 @@ def compile_configs():
            "stride_kvb": "i32", "stride_kvn": "i32",
            "stride_ib": "i32", "stride_is": "i32",
            "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32",
-           "qk_scale": "fp32",
-           "D": "constexpr", "BD": "constexpr", "HT": "constexpr", "BK": "constexpr", "SWAP_AB": "constexpr"}
+           "qk_scale": "fp32", "slots_per_split": "i32",
+           "D": "constexpr", "BD": "constexpr", "HT": "constexpr", "BK": "constexpr", "SWAP_AB": "constexpr",
+           "SPLIT_OUT": "constexpr"}
     cfgs = []
     for ht, (bk, warps, stages, swap) in TILE_TABLE.items():
         cfgs.append(KernelConfig(
             f"sparse_attn[D=512,HT={ht},BK={bk},w={warps},swap={int(swap)}]", _sparse_attn_kernel, sig,
-            {"D": 512, "BD": 512, "HT": ht, "BK": bk, "SWAP_AB": swap},
+            {"D": 512, "BD": 512, "HT": ht, "BK": bk, "SWAP_AB": swap, "SPLIT_OUT": False},
             num_warps=warps, num_stages=stages, expect_sass=("HGMMA",),
             # head count, KV length, top-k and the index row strides are arbitrary in production
-            unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is")))
+            unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
     return cfgs
