@@ -211,18 +211,22 @@ def test_empty_batch_and_queries(gen, device):
 def test_heuristics(monkeypatch):
     for name in ENV_OVERRIDES:
         monkeypatch.delenv(name, raising=False)
-    # decode point: 64 queries x 64 heads; 64-head tiles give 64 programs (half the SMs), 32-head
-    # tiles 128 (one wave on 132 SMs); the two tiles of a query share the gathered rows via L2
-    assert sparse_attn_config(64, 1, 64).heads_per_program == 32
-    assert sparse_attn_config(64, 1, 128).heads_per_program == 64
+    # decode point: 64 queries x 64 heads, top-k 2048: the widest tile (64 programs), the top-k
+    # split 2 ways to fill 132 SMs (H200: 91.1 us vs 124-149 for two 32-head tiles unsplit)
+    dec = sparse_attn_config(64, 1, 64, topk=2048)
+    assert (dec.heads_per_program, dec.split_kv) == (64, 2), dec
+    assert sparse_attn_config(64, 1, 64).split_kv == 1  # top-k unknown / short: no split
+    assert sparse_attn_config(64, 1, 64, topk=600).split_kv == 1  # shares keep >= 512 slots
+    assert sparse_attn_config(64, 1, 128, topk=2048).heads_per_program == 64
+    assert sparse_attn_config(1, 4096, 64, topk=2048).split_kv == 1  # prefill fills the GPU
     assert sparse_attn_config(1, 4096, 64).heads_per_program == 64  # prefill: widest tile
     assert sparse_attn_config(1, 4096, 3).heads_per_program == 16  # padded to 16, never wider
     assert sparse_attn_config(1, 4096, 20).heads_per_program == 32
-    one = sparse_attn_config(1, 1, 64)
-    assert one.heads_per_program == 16 and "split" in one.reason
+    one = sparse_attn_config(1, 1, 64, topk=2048)
+    assert (one.heads_per_program, one.split_kv) == (64, 4) and "split" in one.reason
     for ht, c in ((16, sparse_attn_config(1, 1, 3)), (64, sparse_attn_config(8, 512, 128))):
         assert (c.block_kv, c.num_warps, c.num_stages, c.swap_ab) == TILE_TABLE[ht]
-    assert "heads_per_program=32" in explain_sparse_attn_config(64, 1, 64)
+    assert "heads_per_program=64" in explain_sparse_attn_config(64, 1, 64, topk=2048)
     # overrides are part of the memo key; a new head tile brings its table row
     monkeypatch.setenv("LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM", "64")
     c = sparse_attn_config(64, 1, 64)

@@ -749,7 +749,7 @@ class AttnLowbit(OpProvider):
 
         i = problem.inputs
         b, s, h, _ = i["q"].shape
-        cfg = sparse_attn_config(b, s, h, problem.device)
+        cfg = sparse_attn_config(b, s, h, problem.device, i["topk_idxs"].shape[2])
         self._config = _cfg_dict(cfg)
         out = torch.empty(i["q"].shape, dtype=torch.bfloat16, device=problem.device)
         self._call = lambda: sparse_attn(i["q"], i["kv"], i["attn_sink"], i["topk_idxs"], i["softmax_scale"],

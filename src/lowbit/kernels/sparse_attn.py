@@ -41,11 +41,15 @@ Kernel design (one program = one query position ``(i, t)`` x one tile of ``HT`` 
   masked, never read out of bounds. Rejecting them needs a device readback, so it is opt-in
   (``validate=True``), like the NaN / +inf check of ``attn_sink``.
 
-Grid: ``(cdiv(h, HT), b * s)`` with the head tile fastest, so the programs that gather the
-same KV rows run side by side and the second tile's reads hit L2.
+Grid: ``(cdiv(h, HT), b * s, split_kv)`` with the head tile fastest. ``split_kv > 1``
+(flash-decoding): the programs of one query share its top-k list, each writes its unnormalized
+FP32 share (``acc`` and the running max / sum per head) to a workspace, and
+`_sparse_attn_combine_kernel` folds the shares and the sink into the output. The heuristic
+takes the widest head tile and splits the top-k while the grid is short of the SMs (decode).
 
-Nothing here has been timed on a GPU yet: the per-tile configurations below are the ones the
-sm_90a compile tier accepts (wgmma, no spills, shared memory under the limit), not measured.
+Measured on the H200 (sixth session, CUDA graph, decode point b=64 h=64 top-k 2048 d=512):
+91.1 us with 64-head tiles split 2 ways, 124-149 us for the earlier 32-head tiles unsplit;
+`_config_cached` has the sweep. The per-tile rows of `TILE_TABLE` come from the compile tier.
 """
 
 from __future__ import annotations
@@ -292,28 +296,6 @@ def _table_config(ht: int, why: str) -> SparseAttnConfig:
     return SparseAttnConfig(ht, bk, warps, stages, swap, reason=why)
 
 
-@lru_cache(maxsize=4096)
-def _config_cached(queries: int, h: int, sms: int, env: tuple) -> SparseAttnConfig:
-    tiles = sorted(TILE_TABLE)
-    # no point in a tile wider than the heads padded to 16 / a power of two
-    cap = max(t for t in tiles if t <= max(tiles[0], triton.next_power_of_2(h)))
-    cands = [t for t in tiles if t <= cap]
-    # more heads a program = each gathered KV row feeds more heads (fewer bytes per FLOP);
-    # but the grid must still fill the GPU: the kernel is bound by gathered bytes, and one
-    # SM alone cannot pull its share of HBM bandwidth. Widest tile with >= 3/4 of a wave.
-    for ht in reversed(cands):
-        progs = queries * triton.cdiv(h, ht)
-        if progs * 4 >= sms * 3:
-            why = f"{queries} queries x {triton.cdiv(h, ht)} head tiles = {progs} programs on {sms} SMs"
-            break
-    else:
-        ht = cands[0]
-        progs = queries * triton.cdiv(h, ht)
-        why = (f"{progs} programs < 3/4 of {sms} SMs even at {ht} heads: narrowest tile "
-               "(split-top-k would fill the GPU; not implemented)")
-    return _apply_env_overrides(_table_config(ht, why))
-
-
 @lru_cache(maxsize=64)
 def _sm_count(device: str) -> int:
     dev = torch.device(device)
@@ -322,17 +304,45 @@ def _sm_count(device: str) -> int:
     return _DEFAULT_SMS
 
 
-def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu") -> SparseAttnConfig:
-    """Launch configuration for ``b * s`` queries of ``h`` heads, memoized per (queries, heads,
-    SM count) and the ``LOWBIT_SPARSE_ATTN_*`` overrides (`ENV_OVERRIDES`: HEADS_PER_PROGRAM,
-    BLOCK_KV, NUM_WARPS, NUM_STAGES, SWAP_AB)."""
-    return _config_cached(b * s, h, _sm_count(str(device)), _env_key())
+#: KV slots a split share keeps at least (8 blocks of 64): the combine kernel's FP32 shares
+#: (``splits * H * 2 KB`` a query) must stay small beside the gathered rows (2048 slots: 2 MB).
+_MIN_SLOTS_PER_SPLIT = 512
 
 
-def explain_sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu") -> str:
-    c = sparse_attn_config(b, s, h, device)
-    return (f"sparse_attn b={b} s={s} h={h}: heads_per_program={c.heads_per_program} block_kv={c.block_kv} "
-            f"warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_kv={c.split_kv} -- {c.reason}")
+@lru_cache(maxsize=4096)
+def _config_cached(queries: int, h: int, topk: int, sms: int, env: tuple) -> SparseAttnConfig:
+    """Widest head tile (each gathered KV row feeds the most heads, read once per query), then
+    split the top-k list while the grid is short of the SMs. H200, sixth session, decode point
+    (64 queries x 64 heads, top-k 2048, d 512), CUDA graph, us (`scripts/sweeps/
+    sparse_attn_split.json`): 64 heads x split 2 (128 programs) 91.1; split 4 106.7; 32 heads x
+    split 1 (the previous rule: the two head tiles of a query re-read its rows through L2)
+    124.2 at 4 warps, 148.7 at 8; 32 heads split 2 / 4: 121.5-147.9; 64 heads unsplit (64
+    programs) 147.6."""
+    tiles = sorted(TILE_TABLE)
+    # no point in a tile wider than the heads padded to 16 / a power of two
+    ht = max(t for t in tiles if t <= max(tiles[0], triton.next_power_of_2(h)))
+    cfg = _table_config(ht, f"{ht}-head tile (the widest for {h} heads: each gathered row serves them all)")
+    progs = queries * triton.cdiv(h, ht)
+    split = max(1, min(sms // max(progs, 1), topk // _MIN_SLOTS_PER_SPLIT))
+    if split > 1:
+        why = f"{progs} programs on {sms} SMs: top-k {topk} split {split} ways ({split * progs} programs)"
+    else:
+        why = f"{progs} programs on {sms} SMs, top-k {topk}: no split"
+    return _apply_env_overrides(replace(cfg, split_kv=split, reason=f"{cfg.reason}; {why}"))
+
+
+def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu", topk: int = 0) -> SparseAttnConfig:
+    """Launch configuration for ``b * s`` queries of ``h`` heads over `topk` slots each,
+    memoized per (queries, heads, top-k, SM count) and the ``LOWBIT_SPARSE_ATTN_*`` overrides
+    (`ENV_OVERRIDES`: HEADS_PER_PROGRAM, BLOCK_KV, NUM_WARPS, NUM_STAGES, SWAP_AB, SPLIT_KV)."""
+    return _config_cached(b * s, h, topk, _sm_count(str(device)), _env_key())
+
+
+def explain_sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu", topk: int = 0) -> str:
+    c = sparse_attn_config(b, s, h, device, topk)
+    return (f"sparse_attn b={b} s={s} h={h} topk={topk}: heads_per_program={c.heads_per_program} "
+            f"block_kv={c.block_kv} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} "
+            f"split_kv={c.split_kv} -- {c.reason}")
 
 
 # --------------------------------------------------------------------------- launcher
@@ -416,7 +426,7 @@ def sparse_attn(
                          f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
     if out.numel() == 0:
         return out
-    config = sparse_attn_config(b, s, h, q.device) if config is None else _check_config(config)
+    config = sparse_attn_config(b, s, h, q.device, topk) if config is None else _check_config(config)
     sink = attn_sink.contiguous()
     ht = config.heads_per_program
     bd = max(16, triton.next_power_of_2(d))
