@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lowbit.formats import FormatError
-from lowbit.formats.fp4 import quantize_mxfp4
+from lowbit.formats.fp4 import e2m1_to_float, quantize_mxfp4, unpack_fp4
 from lowbit.formats.fp8 import e8m0_decode, e8m0_encode, quantize_fp8_blocks, quantize_fp8_groups
 from lowbit.kernels import fp4_gemm as fp4_mod
 from lowbit.kernels import fp8_gemm as fp8_mod
@@ -23,6 +23,7 @@ from lowbit.kernels.fp4_gemm import fp4_gemm, fp4_gemm_config
 from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config
 from lowbit.linear import ACT_QUANT_BACKEND, linear, weight_kind
 from lowbit.reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
+from lowbit.reference.gemm import fp4_fold_ref
 from lowbit.testing import assert_bitwise_equal, assert_close, interpreter_active, poison_
 
 FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
@@ -365,6 +366,230 @@ def test_fp4_gemm_bad_input(gen):
         fp4_gemm(a, a_s, b, b_s, 64)
     with pytest.raises(TypeError, match="a must be torch.float8_e4m3fn"):
         fp4_gemm(a.to(torch.bfloat16), a_s, b, b_s)
+
+
+# ------------------------------------------------------------------------------------ fp4_gemm fold engine
+FOLD = BlockScaledConfig(64, 128, 4, 4, False, engine="fold")
+
+
+def _planted_weight(n, k, gen, rows=(70,)):
+    """`_fp4_weight` with, in each of `rows`, groups 0 and 1 (the first 64 K) holding nonzero
+    codes 30 binades apart: group 1 is left out of the fold (flag block ``row // 64``)."""
+    b, b_s = _fp4_weight(n, k, gen)
+    for r in rows:
+        b[r, :32] = 0x22  # codes 2 (1.0) in both nibbles
+        b_s[r, 0], b_s[r, 1] = 127 + 20, 127 - 10
+    return b, b_s
+
+
+def _spread_weight(gen, n, k):
+    return _spread_problem(gen, m=4, n=n, k=k)[2:]
+
+
+FOLD_WEIGHTS = {  # (builder(gen) -> (b, b_s), expected leftover flag per 64 weight rows)
+    "random_N200_K416": (lambda g: _fp4_weight(200, 416, g), [0, 0, 0, 0]),      # N, K off 64 / 128
+    "planted_N200_K416": (lambda g: _planted_weight(200, 416, g), [0, 1, 0, 0]),  # one flagged block
+    "spread_N136_K416": (lambda g: _spread_weight(g, 136, 416), [1, 1, 1]),       # every level, 1-group tail
+}
+
+
+def _dequant_fp4(b, b_s):
+    """e2m1(b) * 2**(b_s - 127), fp32 [N, K]."""
+    return e2m1_to_float(unpack_fp4(b)) * e8m0_decode(b_s).repeat_interleave(32, dim=1)
+
+
+@pytest.mark.parametrize("case", list(FOLD_WEIGHTS))
+def test_fp4_fold_kernel_matches_model(case, gen, device):
+    """The fold kernel against `fp4_fold_ref`, bit for bit, and the model against the plain
+    dequantization: w8 * w8_s is the weight on every group not left out, left-out groups are
+    0 in w8 and set their block's flag."""
+    build, flags = FOLD_WEIGHTS[case]
+    b, b_s = build(gen)
+    n, k = b.shape[0], b.shape[1] * 2
+    w8, w8_s, left = (t.cpu() for t in fp4_mod._fold_weight(b.to(device), b_s.to(device)))
+    assert w8.dtype == torch.float8_e4m3fn and tuple(w8.shape) == (n, k)
+    assert w8_s.dtype == torch.float32 and tuple(w8_s.shape) == (n, -(-k // 128))
+    assert left.dtype == torch.int32 and tuple(left.shape) == (-(-n // 64),)
+    r8, r8_s, rleft = fp4_fold_ref(b, b_s)
+    assert_bitwise_equal(w8.float(), r8, "w8")
+    assert_bitwise_equal(w8_s, r8_s, "w8_s")
+    assert (left != 0).tolist() == rleft.tolist() == [bool(f) for f in flags], (left, rleft, flags)
+    deq = _dequant_fp4(b, b_s)
+    folded = r8 * r8_s.repeat_interleave(128, dim=1)[:, :k]
+    kept = (folded != 0) | (deq == 0)  # left-out groups are the only other zeros
+    assert torch.equal(folded[kept], deq[kept])
+    lost = ~kept
+    assert bool(lost.any()) == any(flags)
+    lost_rows = lost.any(dim=1)
+    assert all(flags[r // 64] for r in lost_rows.nonzero().flatten().tolist())
+
+
+def _gemm_on_fold(a, a_s, w8, w8_s):
+    """The Gluon GEMM's math in FP32: per 128-K block, (a @ w8^T) * a_s[m] * w8_s[n]."""
+    k = a.shape[1]
+    a32, w32, as32 = a.float(), w8.float(), a_s.float()
+    acc = torch.zeros(a.shape[0], w8.shape[0])
+    for kb in range(-(-k // 128)):
+        ks = slice(kb * 128, min(kb * 128 + 128, k))
+        acc += (a32[:, ks] @ w32[:, ks].T) * as32[:, kb, None] * w8_s[None, :, kb]
+    return acc
+
+
+@pytest.mark.parametrize("case", ["random_N200_K416", "planted_N200_K416"])
+def test_fp4_fold_engine_math_matches_reference(case, gen, device):
+    """The fold engine's semantics on the CPU: the GEMM on the fold's (w8, w8_s) gives the
+    reference on every unflagged block of 64 output columns; flagged blocks are the fixup's."""
+    b, b_s = FOLD_WEIGHTS[case][0](gen)
+    n, k = b.shape[0], b.shape[1] * 2
+    a, a_s = _acts(37, k, gen)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    w8, w8_s, left = (t.cpu() for t in fp4_mod._fold_weight(b.to(device), b_s.to(device)))
+    out = _gemm_on_fold(a, a_s, w8, w8_s)
+    flagged = (left != 0).repeat_interleave(64)[:n]
+    out[:, flagged] = ref[:, flagged]  # the fixup recomputes these exactly (next test)
+    _check(out.to(torch.bfloat16), ref, f"fold GEMM math {case}")
+
+
+def test_fp4_fold_gemm_alone_misses_leftovers(gen, device):
+    """Without the fixup the folded GEMM is wrong where groups were left out (the spread
+    weights make the left-out groups dominate): the fixup is not optional."""
+    a, a_s, b, b_s = _spread_problem(gen)
+    w8, w8_s, left = (t.cpu() for t in fp4_mod._fold_weight(b.to(device), b_s.to(device)))
+    assert bool(left.all())
+    with pytest.raises(AssertionError):
+        assert_close(_gemm_on_fold(a, a_s, w8, w8_s), fp4_gemm_ref(a, a_s, b, b_s, 128), "bf16_out")
+
+
+def test_fp4_fold_fixup_only_touches_flagged_blocks(gen, device):
+    """The fixup launch of the direct kernel: flags all zero -> no write (the NaN poison
+    stays); flags set -> those 64-column blocks are the exact reference (the spread weights
+    take the leftover pass), the others untouched. Two M tiles, a ragged N block."""
+    m, n, k = 130, 200, 416
+    a, a_s, b, b_s = _spread_problem(gen, m=m, n=n, k=k)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    args = (a.to(device), a_s.to(device), b.to(device), b_s.to(device))
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    fp4_mod._fold_fixup(*args, torch.zeros(4, dtype=torch.int32, device=device), out)
+    assert bool(out.isnan().all()), "the fixup wrote with no flag set"
+    flags = torch.tensor([1, 0, 0, 1], dtype=torch.int32, device=device)  # block 3: N 192..199, ragged
+    fp4_mod._fold_fixup(*args, flags, out)
+    out = out.float().cpu()
+    written = (flags != 0).cpu().repeat_interleave(64)[:n]
+    assert bool(out[:, ~written].isnan().all()), "the fixup wrote an unflagged block"
+    for t in range(4):
+        cols = written & (torch.arange(n) % 4 == t)
+        _check(out[:, cols], ref[:, cols], f"fixup, row type {t}")
+
+
+FOLD_CASES = {
+    "M130_N200_K416": (130, 200, 416),    # two-row last M tile, N off the 128 tile, K 3.25 blocks
+    "M300_N136_K288": (300, 136, 288),    # N one row past the tile, K 2.25 blocks
+    "M4100_N72_K480": (4100, 72, 480),    # many M tiles, N below one tile, K 3.75 blocks
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(FOLD_CASES.values()), ids=list(FOLD_CASES))
+def test_fp4_gemm_fold_engine_matches_reference(shape, gen):
+    """The fold engine (fold + Gluon GEMM + fixup) against the reference, on random weights and
+    with one planted left-out group (its 64 columns come from the fixup); and close to the
+    direct Triton kernel's output."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    for b, b_s in (_fp4_weight(n, k, gen), _planted_weight(n, k, gen, rows=(n - 1,))):
+        ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+        ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
+        out = _run(fp4_gemm, *ops, 128, m=m, n=n, device="cuda", config=FOLD)
+        _check(out, ref, f"fold {shape}")
+        direct = fp4_gemm(*ops, 128, config=fp4_gemm_config(m, n, k))
+        assert_close(out.float().cpu(), direct.float().cpu(), "bf16_out", "fold vs triton engine")
+
+
+@pytest.mark.gpu
+def test_fp4_gemm_fold_engine_exact_on_spread_scales(gen):
+    """The spread weights (every row block flagged): the fixup makes the fold engine exact;
+    each row type checked on its own, as for the direct kernel."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
+    a, a_s, b, b_s = _spread_problem(gen, m=300, n=200, k=480)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    out = _run(fp4_gemm, a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda(), 128, m=300, n=200, device="cuda",
+               config=FOLD).float().cpu()
+    for t in range(4):
+        _check(out[:, t::4], ref[:, t::4], f"fold engine, row type {t}")
+
+
+@pytest.mark.gpu
+def test_fp4_gemm_fold_engine_default_and_tma(gen):
+    """On an sm_90 GPU the launcher offers the fold engine (TMA-able a) and the heuristic takes
+    it for prefill; an activation base off 16 bytes is refused with the reason."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
+    a, _ = _acts(4, 256, gen)
+    assert fp4_mod.fold_capable(a.cuda())
+    assert fp4_gemm_config(4096, 2304, 5120, gluon=fp4_mod.fold_capable(a.cuda())).engine == "fold"
+    m, k = 256, 256
+    wide, a_s = _acts(m, k + 32, gen)
+    b, b_s = _fp4_weight(64, k, gen)
+    a_off = wide.cuda()[:, 1:k + 1]  # contiguous along K, base 1 byte off
+    assert not fp4_mod.fold_capable(a_off)
+    with pytest.raises(ValueError, match="loads a through TMA"):
+        fp4_gemm(a_off, a_s[:, :2].cuda(), b.cuda(), b_s.cuda(), config=FOLD)
+
+
+def test_fp4_gemm_fold_engine_contract(gen):
+    """engine='fold': act_block_size 128, k_step 128 and a Gluon tile only; never under the
+    interpreter / on the CPU (a clear error naming the engine)."""
+    a, a_s = _acts(4, 256, gen)
+    a32, a32_s = _acts(4, 256, gen, group=32)
+    b, b_s = _fp4_weight(128, 256, gen)
+    with pytest.raises(ValueError, match="engine='fold' .* needs act_block_size=128"):
+        fp4_gemm(a32, a32_s, b, b_s, 32, config=FOLD)
+    with pytest.raises(ValueError, match="k_step=128"):
+        fp4_gemm(a, a_s, b, b_s, config=replace(FOLD, k_step=32))
+    with pytest.raises(ValueError, match="fold engine runs the prefill tiles"):
+        fp4_gemm(a, a_s, b, b_s, config=BlockScaledConfig(128, 64, 8, 3, False, engine="fold"))
+    if interpreter_active() or not torch.cuda.is_available():
+        assert not fp4_mod.fold_capable(a)
+        with pytest.raises(ValueError, match=r"engine='fold'.*needs a CUDA GPU"):
+            fp4_gemm(a, a_s, b, b_s, config=FOLD)
+
+
+def test_fp4_gemm_fold_heuristics():
+    c = fp4_gemm_config(4096, 2304, 5120, gluon=True)
+    assert c.engine == "fold", c
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k, c.k_step) == \
+        (64, 128, 4, 4, False, 1, 128)
+    assert "not measured" in c.reason
+    assert "engine=fold" in fp4_mod.explain_fp4_gemm_config(4096, 2304, 5120, gluon=True)
+    direct = fp4_gemm_config(4096, 2304, 5120)  # gluon=False: the Triton kernel, as before
+    assert direct.engine == "triton" and (direct.block_m, direct.block_n) == (128, 64), direct
+    assert fp4_gemm_config(16, 2304, 5120, gluon=True).engine == "triton"    # decode
+    assert fp4_gemm_config(128, 2304, 5120, gluon=True).engine == "triton"   # M <= 128
+    assert fp4_gemm_config(4096, 2304, 5120, 32, gluon=True).engine == "triton"  # 1x32 act scales
+    assert fp4_gemm_config(256, 256, 5120, gluon=True).engine == "triton"    # 8 Gluon tiles: no grid
+
+
+def test_fp4_gemm_env_override_engine(monkeypatch):
+    """LOWBIT_FP4_GEMM_ENGINE is part of the memo key: ``fold`` forces the fold engine where it
+    can run (its own tile), ``triton`` the direct kernel with its own tile."""
+    assert "LOWBIT_FP4_GEMM_ENGINE" in fp4_mod.ENV_OVERRIDES
+    base = fp4_gemm_config(4096, 2304, 5120)
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "fold")
+    c = fp4_gemm_config(4096, 2304, 5120)
+    assert c.engine == "fold" and "LOWBIT_FP4_GEMM_ENGINE=fold" in c.reason
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (64, 128, 4, 4, False, 1)
+    small = fp4_gemm_config(16, 2304, 5120)
+    assert small.engine == "triton" and small.swap_ab and "no decode" in small.reason
+    act32 = fp4_gemm_config(4096, 2304, 5120, 32)
+    assert act32.engine == "triton" and act32.k_step == 32 and "act_block_size 128" in act32.reason
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "triton")
+    t = fp4_gemm_config(4096, 2304, 5120, gluon=True)
+    assert t.engine == "triton" and (t.block_m, t.block_n, t.num_warps) == (128, 64, 8), t
+    monkeypatch.delenv("LOWBIT_FP4_GEMM_ENGINE")
+    assert fp4_gemm_config(4096, 2304, 5120) == base
 
 
 # ------------------------------------------------------------------------------------ linear

@@ -43,12 +43,37 @@ E8M0 byte 255 (NaN) is not a scale; the kernel does not check for it (that would
 host sync), and results for such weights are unspecified. Byte 0 is 2**-127, as in the
 reference.
 
+Fold engine (``engine="fold"``, act_block_size 128, sm_90 GPU, TMA-able a). The direct
+kernel above is slow at large M: its in-register upcast of the weight serializes with the
+wgmma (H200, M=4096 N=2304 K=5120: 752 us, 128 TFLOP/s, against 143 us for `fp8_gemm`'s Gluon
+engine on FP8 weights of the same shape). The fold engine splits the work in two phases:
+
+1. `_fp4_fold_kernel` writes the k_step 128 operand once per call, with the same jit helpers
+   (`_load_fold_step`, `_fold_level` level 0, `_fold_operand`): ``w8 float8_e4m3fn [N, K]``,
+   the row scales ``w8_s fp32 [N, ceil(K/128)] = 2**(e_ref - 127)`` and one flag per 64
+   weight rows, set where a group of those rows was left out (``e < e_ref - 5``). That moves
+   ~1.5 * N * K bytes (read N*K/2 + N*K/32, write N*K; 17.7 MB at N=2304 K=5120, a few us at
+   the H200's bandwidth: an estimate), amortized over M rows; the GEMM then reads N*K bytes
+   of weight instead of N*K/2.
+2. `fp8_gemm_sm90`'s Gluon kernel with per-row weight scales (``B_SCALE_PER_ROW``): per 128-K
+   block ``acc += (a @ w8^T) * a_s[m] * w8_s[n]``, the promotion overlapped with the next
+   block's wgmma.
+3. Exactness: `_fp4_gemm_kernel` with ``FIXUP`` over the same output on its 128x64 prefill
+   tile; each program reads its rows' flag and returns at once when it is 0, else recomputes
+   the tile exactly (k_step 128 with the leftover pass) and overwrites it. Real weights are
+   not expected to set a flag, so the fixup is normally a grid of empty programs; no host
+   readback anywhere (CUDA-graph capturable).
+
 Heuristics (`fp4_gemm_config`): M <= 64: the swap-AB decode tile of `fp8_gemm` (64 weight
 rows on the wgmma M side, 8 warps at 64 activation rows); larger M: 128x64 tiles, 8 warps
 (128x128 spills with the upcast in registers); the split-K grid-fill rule on the weight's
-bytes; k_step from act_block_size. Memoized with the ``LOWBIT_FP4_GEMM_*`` overrides in the
-key. **Nothing here has run on a GPU yet**: the tiles are chosen from the compile tier's
-register and shared-memory reports only, and need a measured sweep.
+bytes; k_step from act_block_size. With ``gluon=True`` (the launcher passes `fold_capable`),
+act_block_size 128, M > 128 and a grid of Gluon 64x128 tiles that fills the SMs: the fold
+engine, 64x128, 4 warps, 4 stages (`fp8_gemm`'s prefill Gluon tile). Memoized with the
+``LOWBIT_FP4_GEMM_*`` overrides in the key (ENGINE included: ``fold`` / ``triton`` force an
+engine where it can run). The direct kernel's tiles come from the compile tier's register
+and shared-memory reports; **the fold engine's speed is not measured yet** (it is the default
+for prefill because of the 752 us above, pending an H200 sweep).
 """
 
 from __future__ import annotations
@@ -78,6 +103,7 @@ from .fp8_gemm import (
     split_k_for,
     store_block_scaled_tile,
 )
+from .sm90 import is_sm90_native, require_sm90, tma_problem
 from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = ["fp4_gemm", "fp4_gemm_config", "explain_fp4_gemm_config", "ENV_OVERRIDES", "WEIGHT_GROUP"]
@@ -172,10 +198,18 @@ def _fp4_gemm_kernel(
     stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cs, stride_cm,
     BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_OUT: tl.constexpr,
     K_STEP: tl.constexpr, ACT_BLOCK: tl.constexpr,
+    left_ptr=None, FIXUP: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    if FIXUP:  # noqa: SIM102 (a constexpr gate: left_ptr is None when it is off, so no `and`)
+        # The fold engine's exactness pass (module doc): `left_ptr` holds one flag per BN weight
+        # rows, nonzero where the fold left a group out. Unflagged tiles keep the Gluon GEMM's
+        # output; flagged ones are recomputed whole (k_step 128, leftover pass included) and
+        # overwritten.
+        if tl.load(left_ptr + pid_n) == 0:
+            return
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok = rm < M
@@ -233,14 +267,50 @@ def _fp4_gemm_kernel(
     store_block_scaled_tile(c_ptr, acc, rm, rn, m_ok, n_ok, pid_k, stride_cm, stride_cs, SWAP_AB, SPLIT_OUT)
 
 
+@triton.jit
+def _fp4_fold_kernel(
+    b_ptr, bs_ptr, w8_ptr, w8s_ptr, left_ptr,
+    N, K,
+    stride_bn, stride_bsn, stride_bsk, stride_wn, stride_wsn, stride_wsk,
+    BN: tl.constexpr,
+):
+    """The fold engine's first phase: one program per (BN weight rows, 128-K block).
+
+    b ``uint8 [N, K/2]``, bs E8M0 ``uint8 [N, K/32]`` -> w8 ``float8e4nv [N, K]`` (the k_step 128
+    operand: level 0 of the fold, leftover groups written as 0), w8s ``fp32 [N, ceil(K/128)]``
+    (``2**(e_ref - 127)``) and ``left int32 [ceil(N/BN)]``: set to 1 where a group of one of
+    the program's rows was left out (zeroed by the launcher; every writer writes the same 1)."""
+    pid_n = tl.program_id(0)
+    ks = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    byt, e, nz = _load_fold_step(b_ptr + rn.to(tl.int64) * stride_bn, bs_ptr + rn.to(tl.int64) * stride_bsn,
+                                 n_ok, ks, K, stride_bsk, BN)
+    e_ref, take, left = _fold_level(e, nz)
+    w, sb = _fold_operand(byt, e, e_ref, take, BN)
+    rk = ks * 128 + tl.arange(0, 128)
+    tl.store(w8_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :], w,
+             mask=n_ok[:, None] & (rk < K)[None, :])
+    tl.store(w8s_ptr + rn.to(tl.int64) * stride_wsn + ks * stride_wsk, sb, mask=n_ok)
+    any_left = tl.max(tl.max(left.to(tl.int32), axis=1), axis=0)
+    tl.store(left_ptr + pid_n, any_left, mask=any_left > 0)
+
+
 # --------------------------------------------------------------------------- configuration
-_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "k_step")
+_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "k_step", "engine")
 #: The tuning overrides read by `fp4_gemm_config` (each is part of the memo key).
 ENV_OVERRIDES = override_names("FP4_GEMM", _FIELDS)
 
+#: The fold engine's fixup tile: the direct kernel's prefill tile, exact k_step 128 path, no
+#: split-K (it overwrites output tiles). Its block_n is also the fold's rows per leftover flag.
+_FIX_TILE = BlockScaledConfig(128, 64, 8, 3, False, k_step=128)
+#: The fold engine's Gluon GEMM tile (block_m, block_n, num_warps, stages): what `fp8_gemm`
+#: picks for prefill (`fp8_gemm_sm90.GLUON_TILES`; H200 M=4096: 1.02-1.07x the Triton tile).
+_FOLD_TILE = (64, 128, 4, 4)
 
-@lru_cache(maxsize=4096)
-def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, env: tuple) -> BlockScaledConfig:
+
+def _direct_config(m: int, n: int, k: int, act_block_size: int, sms: int) -> BlockScaledConfig:
+    """The Triton kernel's configuration (engine "triton"), before the overrides."""
     if act_block_size == 128:
         k_step, kwhy = 128, "k_step 128: group scales folded exactly into the FP8 weight operand"
     else:
@@ -261,24 +331,79 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, env: t
     programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     split, swhy = split_k_for(programs, steps, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k // 2,
                               min_steps=512 // k_step)
-    cfg = replace(cfg, split_k=split, k_step=k_step, reason=f"{cfg.reason}; {kwhy}; {swhy}")
-    return apply_env_overrides(cfg, "FP4_GEMM", _FIELDS)
+    return replace(cfg, split_k=split, k_step=k_step, reason=f"{cfg.reason}; {kwhy}; {swhy}")
 
 
-def fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS) -> BlockScaledConfig:
-    """Launch configuration of `fp4_gemm`, memoized per shape, act_block_size, SM count and the
-    ``LOWBIT_FP4_GEMM_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES, SWAP_AB, SPLIT_K,
-    K_STEP)."""
+def _fold_config(reason: str) -> BlockScaledConfig:
+    """The fold engine on `_FOLD_TILE`."""
+    bm, bn, warps, stages = _FOLD_TILE
+    return BlockScaledConfig(bm, bn, warps, stages, False, split_k=1, k_step=128, engine="fold", reason=reason)
+
+
+@lru_cache(maxsize=4096)
+def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon: bool, env: tuple) -> BlockScaledConfig:
+    direct = _direct_config(m, n, k, act_block_size, sms)
+    bm, bn = _FOLD_TILE[:2]
+    fold = gluon and act_block_size == 128 and m > 128 and triton.cdiv(m, bm) * triton.cdiv(n, bn) >= sms
+    if fold:
+        # NOT MEASURED YET. Chosen because the direct kernel measured 752 us (128 TFLOP/s) at
+        # M=4096 N=2304 K=5120 on the H200 while fp8_gemm's Gluon engine takes 143 us there: the
+        # in-register upcast serializes with the wgmma. The fold adds ~1.5 * N * K bytes of
+        # traffic (a few us), amortized over M rows. Not below M=129 (the fold would dominate a
+        # memory-bound GEMM; fp8_gemm keeps M <= 128 on Triton too) nor for a grid that would
+        # need split-K (the Gluon kernel has none).
+        cfg = _fold_config(f"prefill M={m} on sm_90: fold engine (weight folded to FP8 once, Gluon "
+                              f"{bm}x{bn} FP8 GEMM with per-row scales, exact fixup of leftover groups); "
+                              f"speed not measured yet")
+    else:
+        cfg = direct
+    cfg = apply_env_overrides(cfg, "FP4_GEMM", _FIELDS)
+    if fold and cfg.engine == "triton":  # LOWBIT_FP4_GEMM_ENGINE=triton: the direct kernel's own tile
+        cfg = apply_env_overrides(direct, "FP4_GEMM", _FIELDS)
+    return _fit_engine(cfg, m, act_block_size)
+
+
+def _fit_engine(cfg: BlockScaledConfig, m: int, act_block_size: int) -> BlockScaledConfig:
+    """``LOWBIT_FP4_GEMM_ENGINE=fold`` works as a global switch (as fp8_gemm's ``gluon``): a
+    shape whose tile the Gluon GEMM does not have gets the fold tile (M > 64); decode shapes
+    (M <= 64: no swap-AB Gluon tile) and act_block_size 32 (the fold needs 1x128 activation
+    scales) stay on the Triton kernel, with the reason said."""
+    if cfg.engine != "fold":
+        return cfg
+    if act_block_size != 128:
+        return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold needs act_block_size 128: triton")
+    if m <= 64:
+        return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold has no decode (swap-AB) tile: triton")
+    if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == _FOLD_TILE and not cfg.swap_ab \
+            and cfg.split_k == 1 and cfg.k_step == 128:
+        return cfg
+    bm, bn, warps, stages = _FOLD_TILE
+    return _fold_config(f"{cfg.reason}; fold tile {bm}x{bn}, {warps} warps, {stages} stages")
+
+
+def fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
+                    gluon: bool = False) -> BlockScaledConfig:
+    """Launch configuration of `fp4_gemm`, memoized per shape, act_block_size, SM count, `gluon`
+    and the ``LOWBIT_FP4_GEMM_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES, SWAP_AB,
+    SPLIT_K, K_STEP, ENGINE). gluon: the fold engine may be chosen (a Hopper GPU, TMA-able
+    activations); prefill shapes with act_block_size 128 then get it by default."""
     if act_block_size not in (32, 128):
         raise ValueError(f"act_block_size must be 32 or 128, got {act_block_size}")
-    return _config_cached(m, n, k, act_block_size, sms, env_key("FP4_GEMM", _FIELDS))
+    return _config_cached(m, n, k, act_block_size, sms, gluon, env_key("FP4_GEMM", _FIELDS))
 
 
-def explain_fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS) -> str:
-    c = fp4_gemm_config(m, n, k, act_block_size, sms)
+def explain_fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
+                            gluon: bool = False) -> str:
+    c = fp4_gemm_config(m, n, k, act_block_size, sms, gluon)
     return (f"fp4_gemm M={m} N={n} K={k} act_block={act_block_size}: block_m={c.block_m} block_n={c.block_n} "
             f"warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} "
-            f"k_step={c.k_step} -- {c.reason}")
+            f"k_step={c.k_step} engine={c.engine} -- {c.reason}")
+
+
+def fold_capable(a: torch.Tensor) -> bool:
+    """Whether the fold engine can run with these activations (sm_90 GPU, TMA-able a; the
+    folded weight is allocated here, so always TMA-able)."""
+    return is_sm90_native(a.device) and tma_problem(a, "a") is None
 
 
 # --------------------------------------------------------------------------- launcher
@@ -331,7 +456,8 @@ def fp4_gemm(
     or ``float4_e2m1fn_x2 [N, K/2]``; b_s: E8M0 ``uint8`` / ``float8_e8m0fnu [N, K/32]`` (FP32
     powers of two are re-encoded on the host); act_block_size: 128 or 32. out: optional
     ``bf16 [M, N]``; config: a `BlockScaledConfig` instead of the heuristic's (k_step 128 needs
-    act_block_size 128). Returns ``bf16 [M, N]``."""
+    act_block_size 128; engine ``"fold"`` needs act_block_size 128, an sm_90 GPU and TMA-able
+    a). Returns ``bf16 [M, N]``."""
     who = "fp4_gemm"
     check_fp8_operand(a, "a", who)
     b = _weight_bytes(b, who)
@@ -353,8 +479,16 @@ def fp4_gemm(
     if k == 0:
         return out.zero_()
     if config is None:
-        config = fp4_gemm_config(m, n, k, act_block_size, num_sms(a.device))
-    check_config(config, who, k_steps=(32, 128))
+        config = fp4_gemm_config(m, n, k, act_block_size, num_sms(a.device), fold_capable(a))
+    check_config(config, who, k_steps=(32, 128), engines=("triton", "fold"))
+    if config.engine == "fold":
+        if act_block_size != 128:
+            raise ValueError(f"{who}: engine='fold' folds the weight scales over 128-K blocks and needs "
+                             f"act_block_size=128, got {act_block_size}")
+        if config.k_step != 128:
+            raise ValueError(f"{who}: engine='fold' has 128-K steps (k_step=128), got k_step={config.k_step}")
+        _launch_fold(a, a_s, b, b_s, out, config, who)
+        return out
     if config.k_step == 128 and act_block_size != 128:
         raise ValueError(f"{who}: k_step=128 folds the weight scales over a whole activation group and "
                          f"needs act_block_size=128, got {act_block_size}")
@@ -364,17 +498,79 @@ def fp4_gemm(
     return out
 
 
+def _fold_weight(b: torch.Tensor, b_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fold engine's first phase (`_fp4_fold_kernel`, runs under the interpreter too).
+
+    b: ``uint8 [N, K/2]``, b_s: E8M0 ``uint8 [N, K/32]`` (validated by `fp4_gemm`; K a
+    multiple of 32). Returns ``w8 float8_e4m3fn [N, K]`` (per row and 128-K block, each group
+    with a nonzero code as ``e2m1 * 2**(e - e_ref)``, ``e_ref = max(max e over those groups - 6,
+    1)``, or 0 when ``e - e_ref < -5``: left out), ``w8_s fp32 [N, ceil(K/128)]`` =
+    ``2**(e_ref - 127)``, stored K-block-major (strides ``(1, N)``: the GEMM loads a block's
+    scales as one contiguous vector) and ``left int32 [ceil(N/64)]``, nonzero where a row of
+    that block of 64 rows (the fixup tile's block_n) had a group left out."""
+    n, k = b.shape[0], b.shape[1] * 2
+    steps = triton.cdiv(k, 128)
+    bn = _FIX_TILE.block_n
+    w8 = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=b.device)
+    w8_s = torch.empty(steps, n, dtype=torch.float32, device=b.device).t()
+    left = torch.zeros(triton.cdiv(n, bn), dtype=torch.int32, device=b.device)
+    if n and k:
+        _fp4_fold_kernel[(triton.cdiv(n, bn), steps)](
+            b, b_s, w8, w8_s, left, n, k,
+            b.stride(0), b_s.stride(0), b_s.stride(1), w8.stride(0), w8_s.stride(0), w8_s.stride(1),
+            BN=bn, num_warps=4,
+        )
+    return w8, w8_s, left
+
+
+def _fold_fixup(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor, left: torch.Tensor,
+               out: torch.Tensor) -> None:
+    """The fold engine's exactness pass: the direct kernel over `out` on the `_FIX_TILE` grid;
+    programs whose ``left`` flag (``int32 [ceil(N/64)]``) is 0 return at once, the others
+    recompute their 128x64 tile exactly and overwrite it. a ``fp8 [M, K]``, a_s ``fp32 [M,
+    ceil(K/128)]``, b / b_s as `fp4_gemm` validates them, out ``bf16 [M, N]``."""
+    m, k = a.shape
+    n = b.shape[0]
+    t = _FIX_TILE
+    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), 1)
+    _fp4_gemm_kernel[grid](
+        a, a_s, b, b_s, out, m, n, k, triton.cdiv(k, 128),
+        a.stride(0), a_s.stride(0), a_s.stride(1), b.stride(0), b_s.stride(0), b_s.stride(1), 0, out.stride(0),
+        BM=t.block_m, BN=t.block_n, SWAP_AB=False, SPLIT_OUT=False, K_STEP=128, ACT_BLOCK=128,
+        left_ptr=left, FIXUP=True, num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+
+
+def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str) -> None:
+    """Fold, Gluon GEMM on the folded weight, fixup: three launches, no host sync."""
+    require_sm90(a.device, f"{who} (engine='fold' runs a Gluon GEMM)")
+    # Gluon imported only when asked for
+    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch
+
+    why = tma_problem(a, "a")
+    if why:
+        raise ValueError(f"{who}: engine='fold' loads a through TMA: {why}")
+    m, k = a.shape
+    n = b.shape[0]
+    w8, w8_s, left = _fold_weight(b, b_s)
+    fp8_gemm_sm90_launch(a, a_s, w8, w8_s, out, m, n, k, config.block_m, config.block_n, config.num_warps,
+                         config.num_stages, b_scale_per_row=True)
+    _fold_fixup(a, a_s, b, b_s, left, out)
+
+
 # --------------------------------------------------------------------------- compile tier
 def production_tiles() -> list[BlockScaledConfig]:
     """Every tile the heuristics can pick (k_step and split_k vary at runtime), k_step 128."""
-    tiles = [_config_cached(m, 4096, 7168, 128, 10**6, ()) for m in (1, 17, 33, 4096)]
+    tiles = [_config_cached(m, 4096, 7168, 128, 10**6, False, ()) for m in (1, 17, 33, 4096)]
     return [replace(t, split_k=1, reason="") for t in tiles]
 
 
 def compile_configs():
     """Every configuration `fp4_gemm_config` can pick: each M tile x (k_step 128 with
-    act_block 128, k_step 32 with act_block 32 and 128) x (direct, split-K) output. QGMMA is
-    expected wherever the MMA's M side is >= 64 (every production tile)."""
+    act_block 128, k_step 32 with act_block 32 and 128) x (direct, split-K) output; and the
+    fold engine's own kernels: the fold and the fixup (the prefill tile behind its flag; its
+    Gluon GEMM is `fp8_gemm_sm90`'s per-row variant). QGMMA is expected wherever the MMA's M
+    side is >= 64 (every production tile)."""
     from .compile_tier import KernelConfig
 
     sig = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "b_ptr": "*u8", "bs_ptr": "*u8", "c_ptr": "*bf16",
@@ -382,7 +578,8 @@ def compile_configs():
            "stride_am": "i32", "stride_asm": "i32", "stride_ask": "constexpr", "stride_bn": "i32",
            "stride_bsn": "i32", "stride_bsk": "constexpr", "stride_cs": "i32", "stride_cm": "i32",
            "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr", "SPLIT_OUT": "constexpr",
-           "K_STEP": "constexpr", "ACT_BLOCK": "constexpr"}
+           "K_STEP": "constexpr", "ACT_BLOCK": "constexpr", "left_ptr": "constexpr", "FIXUP": "constexpr"}
+    unaligned = ("M", "steps_per_split", "stride_asm", "stride_bsn", "stride_cs")
     cfgs = []
     for t in production_tiles():
         for k_step, act in ((128, 128), (32, 128), (32, 32)):
@@ -394,8 +591,22 @@ def compile_configs():
                     f"swap={int(t.swap_ab)},kstep={k_step},act={act},split={int(split)}]",
                     _fp4_gemm_kernel, s,
                     {"BM": t.block_m, "BN": t.block_n, "SWAP_AB": t.swap_ab, "SPLIT_OUT": split,
-                     "K_STEP": k_step, "ACT_BLOCK": act, **_UNIT_STRIDES},
+                     "K_STEP": k_step, "ACT_BLOCK": act, "left_ptr": None, "FIXUP": False, **_UNIT_STRIDES},
                     num_warps=t.num_warps, num_stages=t.num_stages,
-                    expect_sass=("QGMMA",) if mma_m >= 64 else (),
-                    unaligned=("M", "steps_per_split", "stride_asm", "stride_bsn", "stride_cs")))
+                    expect_sass=("QGMMA",) if mma_m >= 64 else (), unaligned=unaligned))
+    t = _FIX_TILE
+    cfgs.append(KernelConfig(
+        f"fp4_gemm_fold_fixup[BM={t.block_m},BN={t.block_n},w={t.num_warps},s={t.num_stages}]", _fp4_gemm_kernel,
+        dict(sig, left_ptr="*i32"),
+        {"BM": t.block_m, "BN": t.block_n, "SWAP_AB": False, "SPLIT_OUT": False, "K_STEP": 128, "ACT_BLOCK": 128,
+         "FIXUP": True, **_UNIT_STRIDES},
+        num_warps=t.num_warps, num_stages=t.num_stages, expect_sass=("QGMMA",), unaligned=unaligned))
+    cfgs.append(KernelConfig(
+        f"fp4_gemm_fold[BN={t.block_n},w=4]", _fp4_fold_kernel,
+        {"b_ptr": "*u8", "bs_ptr": "*u8", "w8_ptr": "*fp8e4nv", "w8s_ptr": "*fp32", "left_ptr": "*i32",
+         "N": "i32", "K": "i32", "stride_bn": "i32", "stride_bsn": "i32", "stride_bsk": "constexpr",
+         "stride_wn": "i32", "stride_wsn": "constexpr", "stride_wsk": "i32", "BN": "constexpr"},
+        # b_s contiguous, w8_s K-block-major: unit strides, specialized as at runtime
+        {"stride_bsk": 1, "stride_wsn": 1, "BN": t.block_n}, num_warps=4,
+        unaligned=("N", "stride_bsn", "stride_wsk")))
     return cfgs

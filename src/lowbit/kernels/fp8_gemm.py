@@ -163,9 +163,11 @@ class BlockScaledConfig:
     block_m / block_n: the output tile (block_n divides 128: one weight-scale row per tile for
     fp8_gemm); swap_ab: weight rows on the MMA's M side (decode); split_k: programs along K
     (> 1 adds the FP32 workspace and the reduction); k_step: 128, or 32 for fp4_gemm's
-    per-group path; engine: ``"triton"`` (the tl.dot kernel, every tier) or ``"gluon"``
+    per-group path; engine: ``"triton"`` (the tl.dot kernel, every tier), ``"gluon"``
     (fp8_gemm only: the Hopper kernel of `fp8_gemm_sm90`, prefill tiles; the heuristic's
-    choice for prefill on sm_90); reason: why the heuristic chose it (and any override applied)."""
+    choice for prefill on sm_90) or ``"fold"`` (fp4_gemm only: the weight folded to FP8, then
+    that Gluon kernel with per-row weight scales; block_* etc. describe its Gluon tile);
+    reason: why the heuristic chose it (and any override applied)."""
 
     block_m: int
     block_n: int
@@ -287,12 +289,12 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
         raise TypeError(f"{who}: config must be a BlockScaledConfig, got {type(cfg).__name__}")
     if cfg.engine not in engines:
         raise ValueError(f"{who}: engine must be one of {engines}, got {cfg.engine!r}")
-    if cfg.engine == "gluon":
+    if cfg.engine in ("gluon", "fold"):  # fold: fp4_gemm's engine around the same Gluon kernel
         from .fp8_gemm_sm90 import GLUON_TILES
 
         tile = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         if cfg.swap_ab or cfg.split_k != 1 or tile not in GLUON_TILES:
-            raise ValueError(f"{who}: the gluon engine runs the prefill tiles (block_m, block_n, num_warps, "
+            raise ValueError(f"{who}: the {cfg.engine} engine runs the prefill tiles (block_m, block_n, num_warps, "
                              f"num_stages) in {GLUON_TILES} without swap_ab or split_k; got {tile}, "
                              f"swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
     if cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):

@@ -16,6 +16,9 @@ tiles in shared memory, one mbarrier per stage; the stage of block ``k - 1`` is 
 block ``k + STAGES - 1`` right after block ``k - 1``'s wgmma retired. TMA zero-fills rows and K
 columns past the tensor bounds, so M, N and K tails need no masks until the store.
 Semantics are `fp8_gemm`'s (same promotion order: ``acc += blk * (a_s * b_s)`` per K block).
+With ``B_SCALE_PER_ROW`` (`fp4_gemm`'s fold engine) the weight scale is per weight row and K
+block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m] * b_s[n]``;
+the flag off compiles to the same instructions as before it existed.
 
 Status: compiled for sm_90a by the compile tier (QGMMA in the SASS, ``wgmma.wait_group 1`` in
 the PTX); correct on the H200 (GPU tests) and the default for prefill shapes (M > 128, a grid
@@ -53,7 +56,7 @@ def _fp8_gemm_sm90_kernel(
     a_desc, b_desc, as_ptr, bs_ptr, c_ptr,
     M, N, K,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
-    STAGES: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
 ):
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -86,22 +89,41 @@ def _fp8_gemm_sm90_kernel(
     rm = off_m + gl.arange(0, BM, layout=rows)
     m_ok = rm < M
     as_rows = as_ptr + rm.to(gl.int64) * stride_asm
-    bs_row = bs_ptr + (off_n // 128) * stride_bsn  # BN divides 128: one weight-scale row a tile
+    if B_SCALE_PER_ROW:
+        # one scale per weight row (output column) and K block: a [BN] vector per block. The
+        # fold engine stores them K-block-major (stride_bsn = 1, specialized at launch): with a
+        # runtime row stride the per-element addresses spilled 320 B (compile tier, 64x128).
+        rn_s = off_n + gl.arange(0, BN, layout=cols)
+        n_ok_s = rn_s < N
+        bs_rows = bs_ptr + rn_s.to(gl.int64) * stride_bsn
+    else:
+        bs_row = bs_ptr + (off_n // 128) * stride_bsn  # BN divides 128: one weight-scale row a tile
 
     zero = gl.zeros([BM, BN], gl.float32, mma)
     acc = gl.zeros([BM, BN], gl.float32, mma)
     prev = warpgroup_mma_init(gl.zeros([BM, BN], gl.float32, mma))  # block k-1's product (0 before block 0)
-    prev_scale = gl.zeros([BM], gl.float32, rows)
+    prev_scale = gl.zeros([BM], gl.float32, rows)  # block k-1's a_s * b_s (per-row b_s: a_s alone)
     for kb in range(nk):
         s = kb % STAGES
         # block kb's scales, used one iteration later (their load latency hides behind a wgmma)
         sa = gl.load(as_rows + kb * stride_ask, mask=m_ok, other=0.0)
-        sb = gl.load(bs_row + kb * stride_bsk)
+        if B_SCALE_PER_ROW:
+            # block kb-1's weight scales, loaded now and used after the wait below (latency hidden
+            # by the barrier wait and the wgmma issue). A [BN] vector is BN/4 registers a thread:
+            # loading block kb's here for the next iteration kept two live and spilled 64 B
+            # (compile tier: 255 registers; 252 this way). Block -1 (kb = 0) reads block 0's,
+            # times the zero product.
+            prev_sb = gl.load(bs_rows + gl.maximum(kb - 1, 0) * stride_bsk, mask=n_ok_s, other=0.0)
+        else:
+            sb = gl.load(bs_row + kb * stride_bsk)
         mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
         cur = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         # retire block kb-1 only; block kb stays on the tensor cores during its promotion
         done = warpgroup_mma_wait(num_outstanding=1, deps=(prev,))
-        acc = acc + done * prev_scale[:, None]
+        if B_SCALE_PER_ROW:
+            acc = acc + done * prev_scale[:, None] * prev_sb[None, :]
+        else:
+            acc = acc + done * prev_scale[:, None]
         # block kb-1's stage is free now: refill it with block kb + STAGES - 1
         nxt = kb + STAGES - 1
         ns = nxt % STAGES
@@ -110,9 +132,16 @@ def _fp8_gemm_sm90_kernel(
         tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(ns), a_bufs.index(ns), pred=live)
         tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BK], ready.index(ns), b_bufs.index(ns), pred=live)
         prev = cur
-        prev_scale = sa * sb
+        if B_SCALE_PER_ROW:
+            prev_scale = sa
+        else:
+            prev_scale = sa * sb
     done = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
-    acc = acc + done * prev_scale[:, None]
+    if B_SCALE_PER_ROW:
+        prev_sb = gl.load(bs_rows + (nk - 1) * stride_bsk, mask=n_ok_s, other=0.0)
+        acc = acc + done * prev_scale[:, None] * prev_sb[None, :]
+    else:
+        acc = acc + done * prev_scale[:, None]
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
@@ -127,9 +156,11 @@ def _layouts(bm: int, bn: int):
 
 
 def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: int, block_n: int,
-                         num_warps: int, stages: int) -> None:
+                         num_warps: int, stages: int, *, b_scale_per_row: bool = False) -> None:
     """Launch the Gluon kernel: a ``fp8 [M, K]``, a_s ``fp32 [M, ceil(K/128)]``, b ``fp8 [N, K]``,
-    b_s ``fp32 [ceil(N/128), ceil(K/128)]``, out ``bf16 [M, N]`` (all validated by `fp8_gemm`)."""
+    b_s ``fp32 [ceil(N/128), ceil(K/128)]`` (128x128 blocks, `fp8_gemm`) or, with
+    `b_scale_per_row`, ``fp32 [N, ceil(K/128)]`` (one scale per weight row and K block:
+    `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller)."""
     la, lb = _layouts(block_m, block_n)
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
@@ -137,29 +168,36 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
     _fp8_gemm_sm90_kernel[grid](
         a_desc, b_desc, a_s, b_s, out, m, n, k,
         a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
-        STAGES=stages, num_warps=num_warps,
+        STAGES=stages, num_warps=num_warps, B_SCALE_PER_ROW=b_scale_per_row,
     )
 
 
 def compile_configs():
-    """The Gluon tiles for the compile tier (descriptor types as the launcher builds them)."""
+    """The Gluon tiles for the compile tier (descriptor types as the launcher builds them), with
+    128x128-block weight scales (`fp8_gemm`) and per-row ones (`fp4_gemm`'s fold engine)."""
     from triton.runtime.jit import mangle_type
 
     from .compile_tier import KernelConfig
 
     cfgs = []
     for bm, bn, warps, stages in GLUON_TILES:
-        la, lb = _layouts(bm, bn)
-        probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
-        sig = {
-            "a_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bm, _BK], la)),
-            "b_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bn, _BK], lb)),
-            "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-            "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32", "stride_cm": "i32",
-            "STAGES": "constexpr", "num_warps": "constexpr",
-        }
-        cfgs.append(KernelConfig(
-            f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}]", _fp8_gemm_sm90_kernel, sig,
-            {"STAGES": stages, "num_warps": warps}, num_warps=warps, num_stages=1, expect_sass=("QGMMA",),
-            expect_ptx=("wgmma.wait_group.sync.aligned 1",), unaligned=("M", "N", "K", "stride_ask", "stride_bsk")))
+        for per_row in (False, True):
+            la, lb = _layouts(bm, bn)
+            probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
+            sig = {
+                "a_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bm, _BK], la)),
+                "b_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bn, _BK], lb)),
+                "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+                "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
+                "stride_cm": "i32", "STAGES": "constexpr", "num_warps": "constexpr", "B_SCALE_PER_ROW": "constexpr",
+            }
+            consts = {"STAGES": stages, "num_warps": warps, "B_SCALE_PER_ROW": per_row}
+            if per_row:  # fp4_gemm's fold stores the scales K-block-major: stride 1 along N
+                sig["stride_bsn"] = "constexpr"
+                consts["stride_bsn"] = 1
+            cfgs.append(KernelConfig(
+                f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}"
+                f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_kernel, sig, consts, num_warps=warps,
+                num_stages=1, expect_sass=("QGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 1",),
+                unaligned=("M", "N", "K", "stride_ask", "stride_bsk")))
     return cfgs

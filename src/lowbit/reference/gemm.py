@@ -23,7 +23,7 @@ import torch
 from ..formats.fp4 import e2m1_to_float, unpack_fp4
 from ..formats.fp8 import e8m0_decode
 
-__all__ = ["fp8_gemm_ref", "fp4_gemm_ref", "FP8_GEMM_BLOCK", "FP4_WEIGHT_GROUP"]
+__all__ = ["fp8_gemm_ref", "fp4_gemm_ref", "fp4_fold_ref", "FP8_GEMM_BLOCK", "FP4_WEIGHT_GROUP"]
 
 #: K block of the activation scales and edge of the square weight-scale blocks of fp8_gemm.
 FP8_GEMM_BLOCK = 128
@@ -195,3 +195,53 @@ def fp4_gemm_ref(
         sb = b_s32[:, kb]  # [N]
         acc += block * sa[:, None] * sb[None, :]
     return acc
+
+
+def fp4_fold_ref(
+    b: torch.Tensor, b_s: torch.Tensor, flag_rows: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The weight fold of `fp4_gemm`'s fold engine (and of its k_step=128 path), as a model.
+
+    Args:
+        b: ``uint8 [N, K/2]`` E2M1 codes (element 2j in the low nibble); K a multiple of 32.
+        b_s: ``uint8 [N, K/32]`` E8M0 biased exponents ``e``.
+        flag_rows: weight rows per leftover flag (the fixup tile's block_n).
+
+    Returns:
+        ``w8 float32 [N, K]``: the FP8 operand's values; ``w8_s float32 [N, ceil(K/128)]``;
+        ``left bool [ceil(N/flag_rows)]``.
+
+    Semantics, per row n and 128-K block kb (groups past K are absent)::
+
+        G = the groups g of block kb with a nonzero magnitude code
+        e_ref = max(max(e[n, g] for g in G) - 6, 1)            # max over nothing = 0
+        w8_s[n, kb] = 2**(e_ref - 127)
+        for g in block kb:
+            if g in G and e[n, g] - e_ref >= -5:                 # a normal E4M3 number, exact
+                w8[n, g's K] = e2m1(b[n, g's K]) * 2**(e[n, g] - e_ref)
+            else:                                                # zero codes, or left out
+                w8[n, g's K] = 0
+        left[i] = any group of rows i*flag_rows .. (i+1)*flag_rows - 1 was left out
+
+    So ``w8 * w8_s`` equals the dequantized weight on every group not left out.
+    """
+    n, k = b.shape[0], b.shape[1] * 2
+    g = FP4_WEIGHT_GROUP
+    codes = unpack_fp4(b)  # [N, K]
+    vals = e2m1_to_float(codes).view(n, k // g, g)
+    e = b_s.to(torch.int64)  # [N, K/32]
+    nonzero = ((codes & 7) != 0).view(n, k // g, g).any(dim=2)  # [N, K/32]
+    blocks = _cdiv(k, FP8_GEMM_BLOCK)
+    per = FP8_GEMM_BLOCK // g  # groups per 128-K block
+    block_of = torch.arange(k // g, device=b.device) // per  # [K/32]
+    e_max = torch.zeros(n, blocks, dtype=torch.int64, device=b.device)
+    e_max = e_max.scatter_reduce(1, block_of.expand(n, -1), torch.where(nonzero, e, 0), "amax")
+    e_ref = torch.clamp(e_max - 6, min=1)  # [N, blocks]
+    shift = e - e_ref[:, block_of]  # [N, K/32]
+    take = nonzero & (shift >= -5)
+    w8 = torch.where(take[:, :, None], vals * torch.exp2(shift.float())[:, :, None], 0.0).view(n, k)
+    w8_s = torch.exp2((e_ref - 127).float())
+    left_rows = (nonzero & ~take).any(dim=1)  # [N]
+    pad = _cdiv(n, flag_rows) * flag_rows - n
+    left = torch.nn.functional.pad(left_rows, (0, pad)).view(-1, flag_rows).any(dim=1)
+    return w8, w8_s, left
