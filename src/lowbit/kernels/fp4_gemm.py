@@ -58,11 +58,11 @@ engine on FP8 weights of the same shape). The fold engine splits the work in two
 2. `fp8_gemm_sm90`'s Gluon kernel with per-row weight scales (``B_SCALE_PER_ROW``): per 128-K
    block ``acc += (a @ w8^T) * a_s[m] * w8_s[n]``, the promotion overlapped with the next
    block's wgmma.
-3. Exactness: `_fp4_gemm_kernel` with ``FIXUP`` over the same output on its 128x64 prefill
-   tile; each program reads its rows' flag and returns at once when it is 0, else recomputes
-   the tile exactly (k_step 128 with the leftover pass) and overwrites it. Real weights are
-   not expected to set a flag, so the fixup is normally a grid of empty programs; no host
-   readback anywhere (CUDA-graph capturable).
+3. Exactness: `_fp4_gemm_kernel` with ``FIXUP``, one program per 64 weight rows: it reads
+   their flag and returns at once when it is 0, else recomputes those output columns exactly
+   (the 128x64 prefill tile, k_step 128 with the leftover pass, M tile after M tile: slow, but
+   real weights are not expected to set a flag) and overwrites them. No host readback
+   anywhere (CUDA-graph capturable).
 
 Heuristics (`fp4_gemm_config`): M <= 64: the swap-AB decode tile of `fp8_gemm` (64 weight
 rows on the wgmma M side, 8 warps at 64 activation rows); larger M: 128x64 tiles, 8 warps
@@ -200,16 +200,35 @@ def _fp4_gemm_kernel(
     K_STEP: tl.constexpr, ACT_BLOCK: tl.constexpr,
     left_ptr=None, FIXUP: tl.constexpr = False,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    if FIXUP:  # noqa: SIM102 (a constexpr gate: left_ptr is None when it is off, so no `and`)
-        # The fold engine's exactness pass (module doc): `left_ptr` holds one flag per BN weight
-        # rows, nonzero where the fold left a group out. Unflagged tiles keep the Gluon GEMM's
-        # output; flagged ones are recomputed whole (k_step 128, leftover pass included) and
-        # overwritten.
-        if tl.load(left_ptr + pid_n) == 0:
-            return
+    if FIXUP:
+        # The fold engine's exactness pass (module doc): one program per BN weight rows;
+        # `left_ptr` holds their flag, nonzero where the fold left a group out. Unflagged rows
+        # keep the Gluon GEMM's output (the program returns at once: the pass costs one small
+        # launch); flagged ones are recomputed exactly (k_step 128, leftover pass included), M
+        # tile after M tile, and overwritten.
+        pid_n = tl.program_id(0)
+        if tl.load(left_ptr + pid_n) != 0:
+            for pid_m in range(0, tl.cdiv(M, BM)):
+                _fp4_gemm_tile(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K, steps_per_split,
+                               stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cs,
+                               stride_cm, pid_m, pid_n, 0, BM, BN, SWAP_AB, SPLIT_OUT, K_STEP, ACT_BLOCK)
+    else:
+        _fp4_gemm_tile(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K, steps_per_split,
+                       stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cs, stride_cm,
+                       tl.program_id(0), tl.program_id(1), tl.program_id(2), BM, BN, SWAP_AB, SPLIT_OUT, K_STEP,
+                       ACT_BLOCK)
+
+
+@triton.jit
+def _fp4_gemm_tile(
+    a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr,
+    M, N, K, steps_per_split,
+    stride_am, stride_asm, stride_ask, stride_bn, stride_bsn, stride_bsk, stride_cs, stride_cm,
+    pid_m, pid_n, pid_k,
+    BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_OUT: tl.constexpr,
+    K_STEP: tl.constexpr, ACT_BLOCK: tl.constexpr,
+):
+    """Output tile (pid_m, pid_n), K share pid_k (module doc)."""
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     m_ok = rm < M
@@ -505,14 +524,16 @@ def _fold_weight(b: torch.Tensor, b_s: torch.Tensor) -> tuple[torch.Tensor, torc
     multiple of 32). Returns ``w8 float8_e4m3fn [N, K]`` (per row and 128-K block, each group
     with a nonzero code as ``e2m1 * 2**(e - e_ref)``, ``e_ref = max(max e over those groups - 6,
     1)``, or 0 when ``e - e_ref < -5``: left out), ``w8_s fp32 [N, ceil(K/128)]`` =
-    ``2**(e_ref - 127)``, stored K-block-major (strides ``(1, N)``: the GEMM loads a block's
+    ``2**(e_ref - 127)``, stored K-block-major (strides ``(1, N4)``, N4 = N rounded up to 4: the GEMM TMAs a block's
     scales as one contiguous vector) and ``left int32 [ceil(N/64)]``, nonzero where a row of
     that block of 64 rows (the fixup tile's block_n) had a group left out."""
     n, k = b.shape[0], b.shape[1] * 2
     steps = triton.cdiv(k, 128)
     bn = _FIX_TILE.block_n
     w8 = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=b.device)
-    w8_s = torch.empty(steps, n, dtype=torch.float32, device=b.device).t()
+    # K-block-major with rows padded to 16 bytes: the GEMM streams one block's [BN] vector a
+    # pipeline stage by TMA
+    w8_s = torch.empty(steps, triton.cdiv(n, 4) * 4, dtype=torch.float32, device=b.device)[:, :n].t()
     left = torch.zeros(triton.cdiv(n, bn), dtype=torch.int32, device=b.device)
     if n and k:
         _fp4_fold_kernel[(triton.cdiv(n, bn), steps)](
@@ -532,7 +553,7 @@ def _fold_fixup(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.
     m, k = a.shape
     n = b.shape[0]
     t = _FIX_TILE
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), 1)
+    grid = (triton.cdiv(n, t.block_n),)  # one program per flag: M tiles looped inside
     _fp4_gemm_kernel[grid](
         a, a_s, b, b_s, out, m, n, k, triton.cdiv(k, 128),
         a.stride(0), a_s.stride(0), a_s.stride(1), b.stride(0), b_s.stride(0), b_s.stride(1), 0, out.stride(0),

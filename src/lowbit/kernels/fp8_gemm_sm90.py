@@ -53,7 +53,7 @@ _BK = 128
 
 @gluon.jit
 def _fp8_gemm_sm90_kernel(
-    a_desc, b_desc, as_ptr, bs_ptr, c_ptr,
+    a_desc, b_desc, s_desc, as_ptr, bs_ptr, c_ptr,
     M, N, K,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
@@ -77,27 +77,30 @@ def _fp8_gemm_sm90_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
+    if B_SCALE_PER_ROW:
+        # per-row weight scales ([ceil(K/128), N] fp32, box [1, BN]) ride the same ring: a stage
+        # holds its block's [BN] vector, read from shared memory at the promotion. Loaded from
+        # global memory instead, the vector's latency sat in front of every promotion (H200,
+        # M=4096: 204-210 us against 144-152 for the 128x128-block path).
+        s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
+        tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + s_desc.block_type.nbytes
+    else:
+        tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
     nk = gl.cdiv(K, BK)
-    tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     for i in gl.static_range(STAGES - 1):  # prologue: blocks 0 .. STAGES-2 in flight
         live = i < nk
         mbarrier.expect(ready.index(i), tile_bytes, pred=live)
         tma.async_copy_global_to_shared(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i), pred=live)
         tma.async_copy_global_to_shared(b_desc, [off_n, i * BK], ready.index(i), b_bufs.index(i), pred=live)
+        if B_SCALE_PER_ROW:
+            tma.async_copy_global_to_shared(s_desc, [i, off_n], ready.index(i), s_bufs.index(i), pred=live)
 
     rm = off_m + gl.arange(0, BM, layout=rows)
     m_ok = rm < M
     as_rows = as_ptr + rm.to(gl.int64) * stride_asm
-    if B_SCALE_PER_ROW:
-        # one scale per weight row (output column) and K block: a [BN] vector per block. The
-        # fold engine stores them K-block-major (stride_bsn = 1, specialized at launch): with a
-        # runtime row stride the per-element addresses spilled 320 B (compile tier, 64x128).
-        rn_s = off_n + gl.arange(0, BN, layout=cols)
-        n_ok_s = rn_s < N
-        bs_rows = bs_ptr + rn_s.to(gl.int64) * stride_bsn
-    else:
-        bs_row = bs_ptr + (off_n // 128) * stride_bsn  # BN divides 128: one weight-scale row a tile
+    bs_row = bs_ptr + (off_n // 128) * stride_bsn  # 128x128 blocks: BN divides 128, one scale row a tile
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # a stage's [1, BN] scale box as [BN]
 
     zero = gl.zeros([BM, BN], gl.float32, mma)
     acc = gl.zeros([BM, BN], gl.float32, mma)
@@ -107,30 +110,30 @@ def _fp8_gemm_sm90_kernel(
         s = kb % STAGES
         # block kb's scales, used one iteration later (their load latency hides behind a wgmma)
         sa = gl.load(as_rows + kb * stride_ask, mask=m_ok, other=0.0)
-        if B_SCALE_PER_ROW:
-            # block kb-1's weight scales, loaded now and used after the wait below (latency hidden
-            # by the barrier wait and the wgmma issue). A [BN] vector is BN/4 registers a thread:
-            # loading block kb's here for the next iteration kept two live and spilled 64 B
-            # (compile tier: 255 registers; 252 this way). Block -1 (kb = 0) reads block 0's,
-            # times the zero product.
-            prev_sb = gl.load(bs_rows + gl.maximum(kb - 1, 0) * stride_bsk, mask=n_ok_s, other=0.0)
-        else:
+        if not B_SCALE_PER_ROW:
             sb = gl.load(bs_row + kb * stride_bsk)
         mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
         cur = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         # retire block kb-1 only; block kb stays on the tensor cores during its promotion
         done = warpgroup_mma_wait(num_outstanding=1, deps=(prev,))
+        nxt = kb + STAGES - 1
+        ns = nxt % STAGES  # block kb-1's stage
         if B_SCALE_PER_ROW:
+            # block kb-1's [BN] weight scales from its stage (none before block 0: the stage
+            # holds no data yet, and 0 * NaN would poison the sum)
+            prev_sb = s_bufs.index(ns)._reinterpret(gl.float32, [BN], flat).load(cols)
+            prev_sb = gl.where(kb > 0, prev_sb, 0.0)
             acc = acc + done * prev_scale[:, None] * prev_sb[None, :]
+            gl.thread_barrier()  # every warp has read the stage's scales before the TMA refill
         else:
             acc = acc + done * prev_scale[:, None]
         # block kb-1's stage is free now: refill it with block kb + STAGES - 1
-        nxt = kb + STAGES - 1
-        ns = nxt % STAGES
         live = nxt < nk
         mbarrier.expect(ready.index(ns), tile_bytes, pred=live)
         tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(ns), a_bufs.index(ns), pred=live)
         tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BK], ready.index(ns), b_bufs.index(ns), pred=live)
+        if B_SCALE_PER_ROW:
+            tma.async_copy_global_to_shared(s_desc, [nxt, off_n], ready.index(ns), s_bufs.index(ns), pred=live)
         prev = cur
         if B_SCALE_PER_ROW:
             prev_scale = sa
@@ -138,7 +141,7 @@ def _fp8_gemm_sm90_kernel(
             prev_scale = sa * sb
     done = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
     if B_SCALE_PER_ROW:
-        prev_sb = gl.load(bs_rows + (nk - 1) * stride_bsk, mask=n_ok_s, other=0.0)
+        prev_sb = s_bufs.index((nk - 1) % STAGES)._reinterpret(gl.float32, [BN], flat).load(cols)
         acc = acc + done * prev_scale[:, None] * prev_sb[None, :]
     else:
         acc = acc + done * prev_scale[:, None]
@@ -148,6 +151,9 @@ def _fp8_gemm_sm90_kernel(
     rn = off_n + gl.arange(0, BN, layout=cols)
     c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
     gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
+
+
+_S_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)  # plain fp32 rows
 
 
 def _layouts(bm: int, bn: int):
@@ -164,9 +170,16 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
     la, lb = _layouts(block_m, block_n)
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
+    s_desc = b_desc  # unused without per-row scales
+    if b_scale_per_row:  # the scales K-block-major, [ceil(K/128), N], rows 16-byte aligned
+        st = b_s.t()
+        if st.stride(1) != 1 or (st.stride(0) * 4) % 16:
+            raise ValueError(f"per-row weight scales must be stored K-block-major with 16-byte aligned rows "
+                             f"(b_s.t() strides {st.stride()})")
+        s_desc = TensorDescriptor(st, list(st.shape), [st.stride(0), 1], [1, block_n], _S_LAYOUT)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _fp8_gemm_sm90_kernel[grid](
-        a_desc, b_desc, a_s, b_s, out, m, n, k,
+        a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k,
         a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
         STAGES=stages, num_warps=num_warps, B_SCALE_PER_ROW=b_scale_per_row,
     )
@@ -184,17 +197,18 @@ def compile_configs():
         for per_row in (False, True):
             la, lb = _layouts(bm, bn)
             probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
+            b_type = mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bn, _BK], lb))
+            scales = torch.empty(16, 16, dtype=torch.float32)
             sig = {
                 "a_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bm, _BK], la)),
-                "b_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bn, _BK], lb)),
+                "b_desc": b_type,
+                "s_desc": mangle_type(TensorDescriptor(scales, [16, 16], [16, 1], [1, bn], _S_LAYOUT)) if per_row
+                else b_type,
                 "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
                 "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
                 "stride_cm": "i32", "STAGES": "constexpr", "num_warps": "constexpr", "B_SCALE_PER_ROW": "constexpr",
             }
             consts = {"STAGES": stages, "num_warps": warps, "B_SCALE_PER_ROW": per_row}
-            if per_row:  # fp4_gemm's fold stores the scales K-block-major: stride 1 along N
-                sig["stride_bsn"] = "constexpr"
-                consts["stride_bsn"] = 1
             cfgs.append(KernelConfig(
                 f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}"
                 f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_kernel, sig, consts, num_warps=warps,
