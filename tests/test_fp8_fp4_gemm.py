@@ -562,14 +562,14 @@ def test_fp4_gemm_fold_heuristics():
     assert c.engine == "fold", c
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k, c.k_step) == \
         (64, 128, 4, 4, False, 1, 128)
-    assert "not measured" in c.reason
+    assert "H200" in c.reason
     assert "engine=fold" in fp4_mod.explain_fp4_gemm_config(4096, 2304, 5120, gluon=True)
     direct = fp4_gemm_config(4096, 2304, 5120)  # gluon=False: the Triton kernel, as before
     assert direct.engine == "triton" and (direct.block_m, direct.block_n) == (128, 64), direct
     assert fp4_gemm_config(16, 2304, 5120, gluon=True).engine == "triton"    # decode
-    assert fp4_gemm_config(128, 2304, 5120, gluon=True).engine == "triton"   # M <= 128
+    assert fp4_gemm_config(64, 2304, 5120, gluon=True).engine == "triton"    # M <= 64: decode
+    assert fp4_gemm_config(128, 2304, 5120, gluon=True).engine == "fold"     # H200: 1.1-1.8x at M=128
     assert fp4_gemm_config(4096, 2304, 5120, 32, gluon=True).engine == "triton"  # 1x32 act scales
-    assert fp4_gemm_config(256, 256, 5120, gluon=True).engine == "triton"    # 8 Gluon tiles: no grid
 
 
 def test_fp4_gemm_env_override_engine(monkeypatch):

@@ -52,12 +52,13 @@ engine on FP8 weights of the same shape). The fold engine splits the work in two
    (`_load_fold_step`, `_fold_level` level 0, `_fold_operand`): ``w8 float8_e4m3fn [N, K]``,
    the row scales ``w8_s fp32 [N, ceil(K/128)] = 2**(e_ref - 127)`` and one flag per 64
    weight rows, set where a group of those rows was left out (``e < e_ref - 5``). That moves
-   ~1.5 * N * K bytes (read N*K/2 + N*K/32, write N*K; 17.7 MB at N=2304 K=5120, a few us at
-   the H200's bandwidth: an estimate), amortized over M rows; the GEMM then reads N*K bytes
-   of weight instead of N*K/2.
+   ~1.5 * N * K bytes (read N*K/2 + N*K/32, write N*K; 17.7 MB at N=2304 K=5120), measured
+   18-19 us on the H200 (about a quarter of its bandwidth: room left), amortized over M rows;
+   the GEMM then reads N*K bytes of weight instead of N*K/2.
 2. `fp8_gemm_sm90`'s Gluon kernel with per-row weight scales (``B_SCALE_PER_ROW``): per 128-K
    block ``acc += (a @ w8^T) * a_s[m] * w8_s[n]``, the promotion overlapped with the next
-   block's wgmma.
+   block's wgmma; each block's [BN] scale vector rides the TMA ring. H200 M=4096: 174-179 us
+   against 145-153 for the 128x128-block-scaled `fp8_gemm` on the same shapes.
 3. Exactness: `_fp4_gemm_kernel` with ``FIXUP``, one program per 64 weight rows: it reads
    their flag and returns at once when it is 0, else recomputes those output columns exactly
    (the 128x64 prefill tile, k_step 128 with the leftover pass, M tile after M tile: slow, but
@@ -68,12 +69,12 @@ Heuristics (`fp4_gemm_config`): M <= 64: the swap-AB decode tile of `fp8_gemm` (
 rows on the wgmma M side, 8 warps at 64 activation rows); larger M: 128x64 tiles, 8 warps
 (128x128 spills with the upcast in registers); the split-K grid-fill rule on the weight's
 bytes; k_step from act_block_size. With ``gluon=True`` (the launcher passes `fold_capable`),
-act_block_size 128, M > 128 and a grid of Gluon 64x128 tiles that fills the SMs: the fold
-engine, 64x128, 4 warps, 4 stages (`fp8_gemm`'s prefill Gluon tile). Memoized with the
-``LOWBIT_FP4_GEMM_*`` overrides in the key (ENGINE included: ``fold`` / ``triton`` force an
-engine where it can run). The direct kernel's tiles come from the compile tier's register
-and shared-memory reports; **the fold engine's speed is not measured yet** (it is the default
-for prefill because of the 752 us above, pending an H200 sweep).
+act_block_size 128 and M > 64: the fold engine, 64x128, 4 warps, 4 stages (`fp8_gemm`'s
+prefill Gluon tile); H200 (sixth session, CUDA graph): M=4096 190.7 / 195.0 us against 754.6 /
+714.1 for the direct kernel (Humming's W4A8: 123.6 / 117.4), M=128 1.1-1.8x the direct
+kernel (`_config_cached` has the numbers). Memoized with the ``LOWBIT_FP4_GEMM_*`` overrides
+in the key (ENGINE included: ``fold`` / ``triton`` force an engine where it can run). The
+direct kernel's tiles come from the compile tier's register and shared-memory reports.
 """
 
 from __future__ import annotations
@@ -363,17 +364,18 @@ def _fold_config(reason: str) -> BlockScaledConfig:
 def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon: bool, env: tuple) -> BlockScaledConfig:
     direct = _direct_config(m, n, k, act_block_size, sms)
     bm, bn = _FOLD_TILE[:2]
-    fold = gluon and act_block_size == 128 and m > 128 and triton.cdiv(m, bm) * triton.cdiv(n, bn) >= sms
+    fold = gluon and act_block_size == 128 and m > 64
     if fold:
-        # NOT MEASURED YET. Chosen because the direct kernel measured 752 us (128 TFLOP/s) at
-        # M=4096 N=2304 K=5120 on the H200 while fp8_gemm's Gluon engine takes 143 us there: the
-        # in-register upcast serializes with the wgmma. The fold adds ~1.5 * N * K bytes of
-        # traffic (a few us), amortized over M rows. Not below M=129 (the fold would dominate a
-        # memory-bound GEMM; fp8_gemm keeps M <= 128 on Triton too) nor for a grid that would
-        # need split-K (the Gluon kernel has none).
-        cfg = _fold_config(f"prefill M={m} on sm_90: fold engine (weight folded to FP8 once, Gluon "
-                              f"{bm}x{bn} FP8 GEMM with per-row scales, exact fixup of leftover groups); "
-                              f"speed not measured yet")
+        # H200, sixth session, CUDA graph, us (fold engine vs the direct Triton kernel):
+        #   M=4096 (N, K) = (2304, 5120) / (5120, 2304): 190.7 / 195.0 vs 754.6 / 714.1 (the
+        #     Gluon GEMM with per-row scales 174-179, the fold 18-19, the empty fixup 5);
+        #     Humming's W4A8 123.6 / 117.4, fp8_gemm on FP8 weights 145-153
+        #   M=128: 51.6 / 37.6 vs 94.8 / 42.0 (`scripts/sweeps/fp4_gemm_fold.json`, measured
+        #     before the per-row scales moved into the TMA ring, which took M=4096 from 223 to 191)
+        # Decode (M <= 64) stays direct: the fold's ~18 us alone is more than its GEMM.
+        cfg = _fold_config(f"M={m} on sm_90: fold engine (weight folded to FP8 once, Gluon {bm}x{bn} FP8 "
+                              f"GEMM with per-row scales, exact fixup of leftover groups; H200 M=4096 "
+                              f"3.7-4.0x the direct kernel, M=128 1.1-1.8x)")
     else:
         cfg = direct
     cfg = apply_env_overrides(cfg, "FP4_GEMM", _FIELDS)
