@@ -6,6 +6,7 @@ Phases: `_fold_weight` (FP4 -> FP8 + per-row scales + flags), the Gluon GEMM wit
 scales, the fixup launch (all flags 0: every program exits), and for comparison `fp8_gemm`'s
 Gluon GEMM with 128x128 block scales on the same shape. CUDA graph, L2 flushed by reads.
 """
+# ruff: noqa: B023  (each closure is timed inside the iteration that builds it)
 import torch
 
 from lowbit.bench.timing import measure

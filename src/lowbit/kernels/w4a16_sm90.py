@@ -29,6 +29,13 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   it measured faster (H200, 2026-11-29: grouped contiguous 2.0-2.1x the Triton kernel, masked
   1.04-1.36x, indexed decode 1.15-1.49x and prefill 1.38-1.42x; the tile tables below and
   the heuristics carry the numbers).
+- **Warp-specialized register-A** (engine ``gluon_ws``; `_ws_mainloop` under the same two
+  kernels, two-warpgroup tiles only): the same arithmetic, bit-identical, but a producer
+  partition issues every load (TMA rows and weights; the indexed kernel's 4-warp producer also
+  gathers the routed rows by cp.async, signalled with ``cp.async.mbarrier.arrive.noinc``) as
+  soon as the consumers release a stage by mbarrier, so no CTA barrier is left in the loop.
+  The default for contiguous, masked tiles of >= 64 rows and the 64/128-row indexed prefill
+  blocks (H200, sixth session: 1.03-1.20x `gluon_rs`; `GLUON_WS_TILES` has the numbers).
 - **Shared-memory** (engine ``gluon``; `_w4a16_grouped_sm90_kernel`,
   `_w4a16_indexed_sm90_kernel`): dequantized weights stored into two sets of eight
   ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step; its indexed
