@@ -389,6 +389,18 @@ def _load_acts(x_desc, a_rows, row_ok, K, r0, kt, bar, xs, st, pred, GATHER: gl.
 
 
 @gluon.jit
+def _act_ring(x_desc, BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+    """The STAGES-deep activation ring, eight ``[BR, 32]`` bf16 boxes a stage: in `x_desc`'s
+    TMA layout, or (GATHER: rows copied by cp.async) the default NVMMA layout for wgmma."""
+    if GATHER:
+        xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * _GROUPS, BR, 32],
+                                       gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16))
+    else:
+        xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    return xs
+
+
+@gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
     """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
@@ -404,11 +416,7 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     of a stage are refilled once step k's products retire (``wait_group 0``, then a barrier)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    if GATHER:
-        xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * _GROUPS, BR, 32],
-                                       gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16))
-    else:
-        xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -547,11 +555,7 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
     the same order as `_rs_mainloop`: bit-identical results (H200 probe,
     `scripts/probes/ws_grouped.py`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    if GATHER:
-        xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES * _GROUPS, BR, 32],
-                                       gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16))
-    else:
-        xs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * _GROUPS, BR, 32], x_desc.layout)
+    xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     wempty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
