@@ -506,50 +506,39 @@ def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: 
 
 @gluon.jit
 def _ws_load_partition(x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow, srow, n0,
-                       K, STAGES: gl.constexpr):
-    """Producer warp of `_ws_mainloop`: step k's words + scales into stage k % STAGES as soon as
-    the consumers released it, then its activation boxes once those are released (the empty
-    barriers start in phase 0, so waiting on phase 1 passes for the first STAGES steps)."""
-    nk = gl.cdiv(K, 256)
-    x_l: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 1], [1, 0])  # unused: TMA rows, no gather
-    for kt in range(nk):
-        s = kt % STAGES
-        ph = (kt // STAGES) & 1
-        mbarrier.wait(wempty.index(s), ph ^ 1)
-        _load_weights(w_desc, s_desc, wrow, srow, n0, kt, wready.index(s), wring, sring, s, True)
-        mbarrier.wait(xempty.index(s), ph ^ 1)
-        _load_acts(x_desc, 0, 0, K, r0, kt, xready.index(s), xs, s, True, False, x_l)
-
-
-@gluon.jit
-def _ws_gather_partition(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, w_desc, s_desc, xs, wring, sring,
-                         wready, wempty, xready, xempty, wrow, srow, n0, K, BR: gl.constexpr, STAGES: gl.constexpr,
-                         x_l: gl.constexpr):
-    """Producer warp of `_ws_mainloop` for the indexed layout: the words and scales by TMA as in
-    `_ws_load_partition`, the routed rows (row ``id // top_k`` of route ``id``) by cp.async
-    (`_gather_async`: sentinels and the K tail zero-filled), each lane's copies of a step
-    signalled on that stage's ready barrier (``cp.async.mbarrier.arrive.noinc``: the barrier
-    counts the warp's 32 lanes)."""
+                       K, STAGES: gl.constexpr, GATHER: gl.constexpr, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k,
+                       stride_am, BR: gl.constexpr, x_l: gl.constexpr):
+    """Producer partition of `_ws_mainloop`: step k's words + scales into stage k % STAGES as
+    soon as the consumers released it, then its activations once those are released (the empty
+    barriers start in phase 0, so waiting on phase 1 passes for the first STAGES steps): TMA
+    boxes of rows ``r0 ..``, or with GATHER the routed rows (row ``id // top_k`` of route
+    ``id``) by cp.async (`_gather_async`: sentinels and the K tail zero-filled), each lane's
+    copies of a step signalled on that stage's ready barrier (``cp.async.mbarrier.arrive.noinc``:
+    the barrier counts the partition's lanes)."""
     nk = gl.cdiv(K, 256)
     for kt in range(nk):
         s = kt % STAGES
         ph = (kt // STAGES) & 1
         mbarrier.wait(wempty.index(s), ph ^ 1)
         _load_weights(w_desc, s_desc, wrow, srow, n0, kt, wready.index(s), wring, sring, s, True)
-        # the row pointers are re-derived every step (the ids hit L1): held across the loop, a
-        # 128-row block's 16 pointers a lane spill the producer's registers
-        row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
-        mbarrier.wait(xempty.index(s), ph ^ 1)
-        _gather_async(xs, s, a_rows, row_ok, kt, K, x_l)
-        async_copy.mbarrier_arrive(xready.index(s), increment_count=False)
+        if GATHER:
+            # the row pointers are re-derived every step (the ids hit L1): held across the loop,
+            # a 128-row block's 16 pointers a lane spill the producer's registers
+            row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
+            mbarrier.wait(xempty.index(s), ph ^ 1)
+            _gather_async(xs, s, a_rows, row_ok, kt, K, x_l)
+            async_copy.mbarrier_arrive(xready.index(s), increment_count=False)
+        else:
+            mbarrier.wait(xempty.index(s), ph ^ 1)
+            _load_acts(x_desc, 0, 0, K, r0, kt, xready.index(s), xs, s, True, False, x_l)
 
 
 @gluon.jit
 def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr, BR: gl.constexpr,
                  STAGES: gl.constexpr, GATHER: gl.constexpr = False, a_ptr=0, sorted_ids_ptr=0, pid_m=0,
                  num_routes=0, top_k=0, stride_am=0, x_l: gl.constexpr = None):
-    """`_rs_mainloop` (TMA rows only) warp-specialized: one producer warp issues every TMA as
-    soon as its stage is released, the consumer warpgroups only wait, dequantize and multiply.
+    """`_rs_mainloop` warp-specialized: a producer partition (`_ws_load_partition`) issues every
+    load as soon as its stage is released, the consumer warpgroups only wait, dequantize and multiply.
     No CTA barrier is left in the loop, so the next step's loads are not held back by the
     slowest warpgroup's products, and each warpgroup runs at its own pace. Same arithmetic in
     the same order as `_rs_mainloop`: bit-identical results (H200 probe,
@@ -564,17 +553,20 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
         mbarrier.init(wempty.index(i), count=1)
         mbarrier.init(xready.index(i), count=32 * _WS_GATHER_WARPS.value if GATHER else 1)  # gather: one a lane
         mbarrier.init(xempty.index(i), count=1)
-    if GATHER:
+    # (the argument tuples are written out per call: Gluon cannot hold layouts in a tuple variable)
+    if GATHER:  # the gather needs more lanes and registers (row pointers) than TMA issue does
         return gl.warp_specialize([
             (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, True)),
-            (_ws_gather_partition, (a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, w_desc, s_desc, xs,
-                                    wring, sring, wready, wempty, xready, xempty, wrow, srow, n0, K, BR, STAGES, x_l)),
+            (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
+                                  srow, n0, K, STAGES, True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k,
+                                  stride_am, BR, x_l)),
         ], [_WS_GATHER_WARPS.value], [_WS_GATHER_REGS.value])[0]
     else:
         return gl.warp_specialize([
             (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, False)),
             (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
-                                  srow, n0, K, STAGES)),
+                                  srow, n0, K, STAGES, False, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k,
+                                  stride_am, BR, x_l)),
         ], [1], [_WS_LOAD_REGS.value])[0]
 
 
@@ -598,7 +590,8 @@ def _w4a16_grouped_rs_kernel(
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
     if WARP_SPECIALIZE:
-        acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES)
+        acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
+                           False, x_l=mma)  # x_l: any layout, no gather
     else:
         acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
                            BR, STAGES, False, mma)
@@ -724,7 +717,7 @@ def _w4a16_indexed_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    if WARP_SPECIALIZE:  # the producer warp gathers the rows (X_LAYOUT: a one-warp layout)
+    if WARP_SPECIALIZE:  # the producer partition gathers the rows (X_LAYOUT: its layout)
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
     else:
