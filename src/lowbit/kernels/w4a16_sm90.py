@@ -224,6 +224,17 @@ def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm,
 
 
 @gluon.jit
+def _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr, x_l: gl.constexpr):
+    """`_routed_rows` for the cp.async gather's 3-D ``[8, BR, 32]`` layout `x_l` (`_gather_layout`):
+    ``[1, BR, 1]`` row flags and row pointers."""
+    rows_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, x_l))
+    ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=rows_l))
+    row_ok = ids < num_routes
+    a_rows = a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64) * stride_am
+    return row_ok[None, :, None], a_rows[None, :, None]
+
+
+@gluon.jit
 def _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr, x_l: gl.constexpr):
     """Routing block `pid_m`'s rows: which slots hold routes (sentinels do not) and the row
     pointers ``a[id // top_k]`` (sentinels point at row 0, masked)."""
@@ -354,16 +365,29 @@ def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
 
 
 @gluon.jit
+def _stage_boxes(xs, st):
+    """Stage `st` of a ``[STAGES * 8, BR, 32]`` activation ring as one ``[8, BR, 32]`` view (a
+    memdesc slice needs a constant start; BR is a multiple of the swizzle period, so the eight
+    boxes stacked are the rows of one ``[8 * BR, 32]`` box)."""
+    BR: gl.constexpr = xs.shape[1]
+    STAGES: gl.constexpr = xs.shape[0] // _GROUPS
+    flat = xs._reinterpret(xs.dtype, [STAGES, _GROUPS * BR, 32], xs.type.layout)
+    return flat.index(st).reshape([_GROUPS, BR, 32])
+
+
+@gluon.jit
 def _gather_async(xs, st, a_rows, row_ok, kt, K, x_l: gl.constexpr):
     """cp.async of K step `kt` of the routed activation rows into stage `st` (eight ``[BR, 32]``
-    boxes, group g = K ``256kt + 32g ..``): masked rows and K past the end are zero-filled, so
-    sentinel slots and the K tail multiply as zeros. No registers hold the rows. The rows must
-    be 16-byte aligned (`w4a16_indexed_sm90_launch` checks)."""
-    jx = gl.arange(0, 32, layout=gl.SliceLayout(0, x_l))
-    for g in gl.static_range(_GROUPS):
-        k0 = kt * 256 + g * 32  # K is a multiple of 32 (group size): a group is all in or all out
-        async_copy.async_copy_global_to_shared(xs.index(st * _GROUPS + g), a_rows + (k0 + jx)[None, :],
-                                               mask=(row_ok & (k0 < K))[:, None])
+    boxes, group g = K ``256kt + 32g ..``), one copy op over the ``[8, BR, 32]`` stage: masked
+    rows and K past the end are zero-filled, so sentinel slots and the K tail multiply as zeros.
+    No registers hold the rows. One op, not one a group: Triton's barrier pass orders every
+    shared-memory write after the previous one, so eight ops cost eight CTA barriers a step
+    (SASS, 2026-11-30). `a_rows`, `row_ok`: ``[1, BR, 1]`` (`_gathered_rows`). The rows must be
+    16-byte aligned (`w4a16_indexed_sm90_launch` checks)."""
+    g = gl.arange(0, _GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
+    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
+    k0 = kt * 256 + g * 32  # K is a multiple of 32 (group size): a group is all in or all out
+    async_copy.async_copy_global_to_shared(_stage_boxes(xs, st), a_rows + (k0 + j), mask=row_ok & (k0 < K))
 
 
 @gluon.jit
@@ -376,16 +400,17 @@ def _load_weights(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pre
 
 @gluon.jit
 def _load_acts(x_desc, a_rows, row_ok, K, r0, kt, bar, xs, st, pred, GATHER: gl.constexpr, x_l: gl.constexpr):
-    """Step `kt`'s activations into stage `st` of the activation ring: eight TMA boxes of rows
-    ``r0 ..`` arriving on `bar`, or, with GATHER, a cp.async gather of the routed row pointers
-    `a_rows` (one commit group a step, waited for with ``async_copy.wait_group``; `bar` unused)."""
+    """Step `kt`'s activations into stage `st` of the activation ring: one TMA of the eight
+    ``[BR, 32]`` boxes of rows ``r0 ..`` (`x_desc`: the 3-D group view of `_act_desc`) arriving
+    on `bar`, or, with GATHER, a cp.async gather of the routed row pointers `a_rows` (one commit
+    group a step, waited for with ``async_copy.wait_group``; `bar` unused). One op either way:
+    Triton's barrier pass puts a CTA barrier between two ops that signal the same mbarrier."""
     if GATHER:
         _gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l)
         async_copy.commit_group()
     else:
-        mbarrier.expect(bar, _GROUPS * x_desc.block_type.nbytes, pred=pred)
-        for g in gl.static_range(_GROUPS):
-            tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)
+        mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(x_desc, [kt * _GROUPS, r0, 0], bar, _stage_boxes(xs, st), pred=pred)
 
 
 @gluon.jit
@@ -524,7 +549,7 @@ def _ws_load_partition(x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty,
         if GATHER:
             # the row pointers are re-derived every step (the ids hit L1): held across the loop,
             # a 128-row block's 16 pointers a lane spill the producer's registers
-            row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
+            row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
             mbarrier.wait(xempty.index(s), ph ^ 1)
             _gather_async(xs, s, a_rows, row_ok, kt, K, x_l)
             async_copy.mbarrier_arrive(xready.index(s), increment_count=False)
@@ -581,7 +606,7 @@ def _w4a16_grouped_rs_kernel(
     and 64 to 128 weight rows a CTA (one or two warpgroups) over one activation tile, so the
     activation bytes re-read from L2 per FLOP halve at 128 rows. Same grid and routing as
     `_w4a16_grouped_sm90_kernel`."""
-    BR: gl.constexpr = x_desc.block_type.shape[0]
+    BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     e, r0, valid, live = _grouped_block(route_ptr, gl.program_id(0), max_m, BR, MASKED)
     if not live:
@@ -721,22 +746,30 @@ def _w4a16_indexed_rs_kernel(
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
     else:
-        row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
+        row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
                            mma, BR, STAGES, True, X_LAYOUT)
     _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
 
 
 def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
-    """The cp.async gather's layout for ``[br, 32]`` bf16 boxes: every thread a distinct piece
-    (16 bytes when the box is big enough, 4-8 bytes for small routing blocks), warps along the
-    rows; a thread copies several rows when 8 elements a thread do not cover the box."""
+    """The cp.async gather's layout for a stage's ``[8, br, 32]`` bf16 boxes: every thread a
+    distinct piece of each box (16 bytes when the box is big enough, 4-8 bytes for small
+    routing blocks), warps along the rows; a thread copies several rows when 8 elements a
+    thread do not cover the box, and the same piece of all eight boxes."""
     vec = max(2, min(8, br * 32 // (32 * num_warps)))
-    return gl.BlockedLayout([1, vec], [32 * vec // 32, 32 // vec], [num_warps, 1], [1, 0])
+    return gl.BlockedLayout([1, 1, vec], [1, 32 * vec // 32, 32 // vec], [1, num_warps, 1], [2, 1, 0])
 
 
 def _x_layout(br: int):
     return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
+
+
+def _act_desc(a: torch.Tensor, k: int, br: int) -> TensorDescriptor:
+    """TMA descriptor of the activations ``bf16 [rows, K]`` seen as ``[K / 32, rows, 32]`` (group,
+    row, column; strides 32, row stride, 1): one box ``[8, br, 32]`` is a K step's eight
+    ``[br, 32]`` group boxes, stacked as the activation ring holds them. Groups past K read 0."""
+    return TensorDescriptor(a, [k // 32, a.shape[0], 32], [32, a.stride(0), 1], [8, br, 32], _x_layout(br))
 
 
 _S_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # plain rows: sliced by group
@@ -768,7 +801,10 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     `_ws_mainloop` with a producer warp)."""
     bw, br, warps, stages = tile
     rows = a.shape[0]
-    x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
+    if regs_a:
+        x_desc = _act_desc(a, w.k, br)
+    else:
+        x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
     blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
@@ -816,9 +852,10 @@ def compile_configs():
                + [("_ws", t) for t in GLUON_WS_TILES])
     for kind, (bw, br, warps, stages) in grouped:
         rs = kind != ""
-        probe = torch.empty(16, 16, dtype=torch.bfloat16)
+        probe = torch.empty(16, 64, dtype=torch.bfloat16)
+        x_desc = _act_desc(probe, 64, br) if rs else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br))
         sig = {
-            "x_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [br, 32], _x_layout(br))),
+            "x_desc": mangle_type(x_desc),
             **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
             "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
         }
