@@ -13,22 +13,19 @@ _DIR = tempfile.mkdtemp(prefix="lowbit_probe_")
 with open(_orig.__file__) as _f:
     _SRC = _f.read()
 
-#: Dequantization replaced by register moves (garbage weights, no ALU work).
-NO_DEQUANT = ('return gl.inline_asm_elementwise(DEQUANT_PAIR_PTX, "=h,=h,r,h,h", [words, s_lo, s_hi],',
-              'return gl.inline_asm_elementwise("mov.b32 {$0, $1}, $2;", "=h,=h,r,h,h", [words, s_lo, s_hi],')
-#: Grouped kernels: activation TMA (and its barrier wait) only for the first two steps (stale
-#: activations after).
+#: Dequantization replaced by register moves (garbage weights, no ALU work): the register-A
+#: kernels' `_dequant_byte` (every production Gluon engine).
+NO_DEQUANT = ('return gl.inline_asm_elementwise(PTX, "=r,=r,r,r,r,r", [words, s_even, s_odd],',
+              'return gl.inline_asm_elementwise("mov.b32 $0, $2; mov.b32 $1, $3;", "=r,=r,r,r,r,r", '
+              '[words, s_even, s_odd],')
+#: Grouped kernels: the activation TMA only for the first two steps (stale activations after);
+#: later steps arrive on the barrier without data, so the consumers' waits still pass.
 NO_ACT_LOADS = [
-    ("""        mbarrier.expect(bar, _GROUPS * x_desc.block_type.nbytes, pred=pred)
-        for g in gl.static_range(_GROUPS):
-            tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g), pred=pred)""",
-     """        mbarrier.expect(bar, _GROUPS * x_desc.block_type.nbytes, pred=pred & (kt < 2))
-        for g in gl.static_range(_GROUPS):
-            tma.async_copy_global_to_shared(x_desc, [r0, kt * 256 + g * 32], bar, xs.index(st * _GROUPS + g),
-                                            pred=pred & (kt < 2))"""),
-    ("mbarrier.wait(xready.index(s), (kt // STAGES) & 1)", "mbarrier.wait(xready.index(s), (kt // STAGES) & 1, pred=kt < 2)"),
-    ("mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)",
-     "mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1, pred=nk < 3)"),
+    ("""        mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(x_desc, [kt * _GROUPS, r0, 0], bar, _stage_boxes(xs, st), pred=pred)""",
+     """        mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred & (kt < 2))
+        tma.async_copy_global_to_shared(x_desc, [kt * _GROUPS, r0, 0], bar, _stage_boxes(xs, st), pred=pred & (kt < 2))
+        mbarrier.arrive(bar, pred=pred & (kt >= 2))"""),
 ]
 #: Indexed kernel: no cp.async gather of the routed rows.
 NO_GATHER = ("_gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l)",

@@ -4,7 +4,8 @@
 
 Times variants of the same Gluon kernel (`variants.py`: text edits of `w4a16_sm90`), Kimi EP8
 shapes, CUDA-graph replay, L2 flushed:
-  contiguous  gate_up, 128 rows/expert: as built / no activation loads / no dequant / neither
+  contiguous  gate_up, 128 rows/expert, warp-specialized and register-A: as built / no activation
+              loads / no dequant / neither
   decode      64x16 indexed tile, 1 and 20 tokens: as built / no dequant / no gather / half the
               wgmmas / no wgmma
   tiled       the indexed decode tile reading a tiled weight copy (each step's words one
@@ -49,8 +50,8 @@ def _indexed_rs_us(mod, descs, a, n, k, r, top_k, out) -> float:
         BR=br, STAGES=stages, MUL_WEIGHT=False, X_LAYOUT=orig._gather_layout(br, warps), num_warps=warps))
 
 
-def _grouped_us(mod, a, w, m_idx, out, tile) -> float:
-    return _us(lambda: mod.w4a16_grouped_sm90_launch(a, w, m_idx, out, tile, 0, regs_a=True))
+def _grouped_us(mod, a, w, m_idx, out, tile, ws: bool = False) -> float:
+    return _us(lambda: mod.w4a16_grouped_sm90_launch(a, w, m_idx, out, tile, 0, regs_a=True, warp_specialize=ws))
 
 
 def _routing(t: int, gen: torch.Generator):
@@ -68,13 +69,13 @@ def contiguous() -> None:
     m_idx = torch.arange(E, device="cuda", dtype=torch.int32).repeat_interleave(rows)
     out = torch.empty(E * rows, n, dtype=torch.bfloat16, device="cuda")
     flops = 2 * E * rows * n * k
-    for tile in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2)):
+    for tile, ws in (((128, 128, 8, 2), True), ((128, 128, 8, 2), False), ((128, 64, 8, 3), True)):
         base = None
         for name, mod in mods.items():
-            us = _grouped_us(mod, a, w, m_idx, out, tile)
+            us = _grouped_us(mod, a, w, m_idx, out, tile, ws)
             base = base or us
-            print(f"contiguous gate_up {tile!s:>16} {name:>13} {us:8.1f} us {flops / us / 1e6:6.1f} TFLOP/s "
-                  f"{base / us:5.2f}x", flush=True)
+            print(f"contiguous gate_up {tile!s:>16} {'ws' if ws else 'rs'} {name:>13} {us:8.1f} us "
+                  f"{flops / us / 1e6:6.1f} TFLOP/s {base / us:5.2f}x", flush=True)
 
 
 def decode() -> None:
