@@ -47,7 +47,8 @@ def _indexed_rs_us(mod, descs, a, n, k, r, top_k, out) -> float:
     return _us(lambda: mod._w4a16_indexed_rs_kernel[(r.expert_ids.numel(), triton.cdiv(n, bw))](
         a, wd, sd, out, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, out,
         n, k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
-        BR=br, STAGES=stages, MUL_WEIGHT=False, X_LAYOUT=orig._gather_layout(br, warps), num_warps=warps))
+        BR=br, STAGES=stages, MUL_WEIGHT=False, X_LAYOUT=orig._gather_layout(br, warps), WARP_SPECIALIZE=False,
+        N_FASTEST=False, num_warps=warps))
 
 
 def _grouped_us(mod, a, w, m_idx, out, tile, ws: bool = False) -> float:

@@ -188,6 +188,21 @@ def _weight_ring(w_desc, s_desc, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _tile_ids(N, BW: gl.constexpr, N_FASTEST: gl.constexpr):
+    """(row block, N tile) of this program. N_FASTEST: the grid is one axis with the N tiles
+    fastest, so the programs that share a row block's activations run side by side and read
+    them from DRAM once; else a 2-D grid (row blocks, N tiles), the row blocks fastest, where a
+    prefill whose activations outgrow the L2 (Kimi EP8 contiguous: 48 x 1.8 MB) re-reads them
+    for every wave of N tiles. `_n_fastest` chooses (launchers)."""
+    if N_FASTEST:
+        nt = gl.cdiv(N, BW)
+        pid = gl.program_id(0)
+        return pid // nt, pid % nt
+    else:
+        return gl.program_id(0), gl.program_id(1)
+
+
+@gluon.jit
 def _grouped_block(route_ptr, pid_r, max_m, BR: gl.constexpr, MASKED: gl.constexpr):
     """Row block `pid_r` of a grouped layout: its expert, first row, the expert's valid rows
     (masked; unused for contiguous) and whether it has work. Masked: ``cdiv(max_m, BR)`` blocks
@@ -264,18 +279,20 @@ def _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_rou
 def _w4a16_grouped_sm90_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm,
-    STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Contiguous (MASKED=0): grid (m / BR, N tiles), route_ptr = m_indices, the expert of each
-    row (-1 = padding). Masked (MASKED=1): grid (G * cdiv(max_m, BR), N tiles), route_ptr =
-    masked_m, the valid rows of each expert's max_m-row slab. w_desc: the packed words as
+    """Contiguous (MASKED=0): m / BR row blocks, route_ptr = m_indices, the expert of each
+    row (-1 = padding). Masked (MASKED=1): G * cdiv(max_m, BR) row blocks, route_ptr =
+    masked_m, the valid rows of each expert's max_m-row slab. Grid: row blocks x N tiles, one
+    axis (`_tile_ids`). w_desc: the packed words as
     ``[E * N, Kp / 8]``; s_desc: the scales as ``[E * Kp / 32, N]``."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    e, r0, valid, live = _grouped_block(route_ptr, gl.program_id(0), max_m, BR, MASKED)
+    pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, r0, valid, live = _grouped_block(route_ptr, pid_r, max_m, BR, MASKED)
     if not live:
         return
-    n0 = gl.program_id(1) * BW
+    n0 = pid_n * BW
 
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
@@ -599,7 +616,8 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
 def _w4a16_grouped_rs_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm,
-    STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
@@ -608,10 +626,11 @@ def _w4a16_grouped_rs_kernel(
     `_w4a16_grouped_sm90_kernel`."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    e, r0, valid, live = _grouped_block(route_ptr, gl.program_id(0), max_m, BR, MASKED)
+    pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, r0, valid, live = _grouped_block(route_ptr, pid_r, max_m, BR, MASKED)
     if not live:
         return
-    n0 = gl.program_id(1) * BW
+    n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
     if WARP_SPECIALIZE:
@@ -656,15 +675,15 @@ def _gather_store(xs, p, x0, x1, x2, x3, x4, x5, x6, x7):
 def _w4a16_indexed_sm90_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
-    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr,
+    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, N_FASTEST: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
-    """Indexed layout (`moe_align_block_size` routing with block size BR): grid (routing
-    blocks, N tiles). Words and scales stream through a STAGES-deep TMA ring; the routed rows
+    """Indexed layout (`moe_align_block_size` routing with block size BR): grid routing
+    blocks x N tiles, one axis (`_tile_ids`). Words and scales stream through a STAGES-deep TMA ring; the routed rows
     (row ``id // top_k`` of route ``id``) are loaded into registers one step ahead and stored
     into the free buffer set once the previous step's products retire; output row ``id``."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
         return
     e = gl.load(expert_ids_ptr + pid_m)
@@ -723,7 +742,7 @@ def _w4a16_indexed_rs_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
-    WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
+    WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`): the routed rows (row
     ``id // top_k`` of route ``id``) are gathered by cp.async into the same STAGES-deep ring
@@ -732,8 +751,7 @@ def _w4a16_indexed_rs_kernel(
     X_LAYOUT: the gather's register layout, one thread a 4- to 16-byte piece of a ``[BR, 32]``
     box with no replication (`_gather_layout`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
         return
     e = gl.load(expert_ids_ptr + pid_m)
@@ -759,6 +777,20 @@ def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
     thread do not cover the box, and the same piece of all eight boxes."""
     vec = max(2, min(8, br * 32 // (32 * num_warps)))
     return gl.BlockedLayout([1, 1, vec], [1, 32 * vec // 32, 32 // vec], [1, num_warps, 1], [2, 1, 0])
+
+
+def _n_fastest(br: int) -> bool:
+    """The program order (`_tile_ids`): N tiles fastest for prefill tiles (>= 64 activation rows),
+    row blocks fastest for decode tiles. H200, 2026-11-30 (`scripts/probes/ab.py`, Kimi EP8, same
+    process, bit-identical): N fastest made contiguous 128 rows/expert 870.7 -> 776.3 us (its
+    88 MB of activations outgrow the L2), masked 32 tok/expert (128x64) 470.9 -> 451.9, indexed
+    down at 1024 tokens 855.5 -> 804.0, indexed decode 0.99-1.07x, but masked 8 tok/expert
+    (64x16) 258.4 -> 283.9."""
+    return br >= 64
+
+
+def _grid(blocks: int, n_tiles: int, n_fastest: bool) -> tuple[int, ...]:
+    return (blocks * n_tiles,) if n_fastest else (blocks, n_tiles)
 
 
 def _x_layout(br: int):
@@ -809,9 +841,10 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
     extra = {"WARP_SPECIALIZE": warp_specialize} if regs_a else {}
-    kernel[(blocks, triton.cdiv(w.n, bw))](
+    n_fastest = _n_fastest(br)
+    kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
         x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
-        STAGES=stages, MASKED=bool(max_m), num_warps=warps, **extra,
+        STAGES=stages, MASKED=bool(max_m), N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
 
 
@@ -827,10 +860,11 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
               "WARP_SPECIALIZE": warp_specialize}
              if regs_a else {})
-    kernel[(expert_ids.numel(), triton.cdiv(w.n, bw))](
+    n_fastest = _n_fastest(br)
+    kernel[_grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
         w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
-        BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps, **extra,
+        BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
 
 
@@ -857,7 +891,8 @@ def compile_configs():
         sig = {
             "x_desc": mangle_type(x_desc),
             **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
-            "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "num_warps": "constexpr",
+            "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "N_FASTEST": "constexpr",
+            "num_warps": "constexpr",
         }
         extra = {"WARP_SPECIALIZE": kind == "_ws"} if rs else {}
         for masked in (False, True):
@@ -866,7 +901,7 @@ def compile_configs():
                 f"[BW={bw},BR={br},w={warps},stages={stages}]",
                 _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel,
                 {**sig, **{k: "constexpr" for k in extra}},
-                {"STAGES": stages, "MASKED": masked, "num_warps": warps, **extra},
+                {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
@@ -878,7 +913,8 @@ def compile_configs():
             "a_ptr": "*bf16", **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
             "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32", "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
             "stride_am": "i32", "stride_cm": "i32",
-            "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "num_warps": "constexpr",
+            "BR": "constexpr", "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "N_FASTEST": "constexpr",
+            "num_warps": "constexpr",
         }
         ws = kind == "gluon_ws"
         extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if ws else warps), "WARP_SPECIALIZE": ws}
@@ -888,7 +924,8 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"w4a16_indexed_sm90_{kind}[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
                 kernel, {**isig, **{k: "constexpr" for k in extra}},
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps, **extra},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_FASTEST": _n_fastest(br), "num_warps": warps,
+                 **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
                 unaligned=("N", "K", "num_routes", "top_k")))
     return cfgs
