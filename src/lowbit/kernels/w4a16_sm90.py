@@ -223,19 +223,37 @@ def _grouped_block(route_ptr, pid_r, max_m, BR: gl.constexpr, MASKED: gl.constex
     return e, r0, valid, live
 
 
+@triton.constexpr_function
+def _store_layout(BR: int, BW: int, num_warps: int) -> gl.BlockedLayout:
+    """``[BR, BW]`` output tile, 8 columns (16 bytes) a thread, a row's BW columns in BW / 8 lanes."""
+    lanes = min(BW // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [num_warps, 1], [1, 0])
+
+
 @gluon.jit
-def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED: gl.constexpr):
+def _transposed(acc, num_warps: gl.constexpr):
+    """bf16 ``[BR, BW]`` of the ``[BW, BR]`` accumulator (weight rows = output columns), in 16-byte
+    row pieces: stored straight from wgmma's layout, a warp's store hit 2-byte elements of eight
+    rows (half of each 32-byte sector wasted); the transpose goes through shared memory."""
+    st_l: gl.constexpr = _store_layout(acc.shape[1], acc.shape[0], num_warps)
+    return gl.convert_layout(gl.permute(acc.to(gl.bfloat16), (1, 0)), st_l)
+
+
+@gluon.jit
+def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED: gl.constexpr,
+                   num_warps: gl.constexpr):
     """Store ``acc[i, r] = out[r0 + r, n0 + i]`` (the weight rows are the output columns): rows
     past ``masked_m[e]`` (masked) or padding rows (contiguous, ``m_indices < 0``) unwritten."""
-    mma: gl.constexpr = acc.type.layout
-    on = n0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, mma))
-    orr = r0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, mma))
+    out = _transposed(acc, num_warps)
+    st_l: gl.constexpr = out.type.layout
+    orr = r0 + gl.arange(0, out.shape[0], layout=gl.SliceLayout(1, st_l))
+    on = n0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, st_l))
     if MASKED:
         row_live = orr - e * max_m < valid
     else:
         row_live = gl.load(route_ptr + orr) >= 0
-    c = c_ptr + orr[None, :].to(gl.int64) * stride_cm + on[:, None]
-    gl.store(c, acc.to(gl.bfloat16), mask=(on < N)[:, None] & row_live[None, :])
+    c = c_ptr + orr[:, None].to(gl.int64) * stride_cm + on[None, :]
+    gl.store(c, out, mask=row_live[:, None] & (on < N)[None, :])
 
 
 @gluon.jit
@@ -260,19 +278,20 @@ def _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR:
 
 @gluon.jit
 def _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm,
-                   MUL_WEIGHT: gl.constexpr):
+                   MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr):
     """Store ``acc[i, r] = out[ids[r], n0 + i]`` (times the routing weight with MUL_WEIGHT);
     sentinel slots unwritten."""
     mma: gl.constexpr = acc.type.layout
     BR: gl.constexpr = acc.shape[1]
-    on = n0 + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, mma))
-    oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
-    o_ok = oid < num_routes
-    out = acc
     if MUL_WEIGHT:
-        out = out * gl.load(topk_w_ptr + oid, mask=o_ok, other=0.0)[None, :]
-    c = c_ptr + oid[None, :].to(gl.int64) * stride_cm + on[:, None]
-    gl.store(c, out.to(gl.bfloat16), mask=(on < N)[:, None] & o_ok[None, :])
+        wid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
+        acc = acc * gl.load(topk_w_ptr + wid, mask=wid < num_routes, other=0.0)[None, :]
+    out = _transposed(acc, num_warps)
+    st_l: gl.constexpr = out.type.layout
+    oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, st_l)))
+    on = n0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, st_l))
+    c = c_ptr + oid[:, None].to(gl.int64) * stride_cm + on[None, :]
+    gl.store(c, out, mask=(oid < num_routes)[:, None] & (on < N)[None, :])
 
 
 @gluon.jit
@@ -334,7 +353,7 @@ def _w4a16_grouped_sm90_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED)
+    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
@@ -639,7 +658,7 @@ def _w4a16_grouped_rs_kernel(
     else:
         acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
                            BR, STAGES, False, mma)
-    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED)
+    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
@@ -734,7 +753,8 @@ def _w4a16_indexed_sm90_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
+    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT,
+                   num_warps)
 
 
 @gluon.jit
@@ -767,7 +787,8 @@ def _w4a16_indexed_rs_kernel(
         row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
                            mma, BR, STAGES, True, X_LAYOUT)
-    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT)
+    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT,
+                   num_warps)
 
 
 def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
