@@ -107,7 +107,8 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
         c = w4a16_indexed_config(8, 4, 80, 288, block_m=block)
         assert (c.block_n, c.num_stages) == (bw, stages), c
         for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2),
-                                  (2, 72, 2304, 6, 2)):  # 9 K steps: the ring wraps several times
+                                  (2, 72, 2304, 6, 2),  # 9 K steps: the ring wraps several times
+                                  (3, 1096, 256, 7, 2)):  # one K step, 9 N tiles of 128: the N loop's chunks
             wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
             out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
             assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} {bw} rows, stages {stages}")

@@ -219,7 +219,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         cfg = W4A16Config(block_m, 128, 8, 2, True, engine="gluon_rs", reason=why)
     if rs:
         cfg = replace(cfg, engine="gluon_ws" if block_m in _WS_BLOCKS else "gluon_rs")
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k), n)
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -229,7 +229,7 @@ def _engine_tiles(engine: str) -> tuple:
     return {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
 
 
-def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, env: tuple, k: int = 0) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
     ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
@@ -244,8 +244,12 @@ def _fit_engine(cfg: W4A16Config, env: tuple) -> W4A16Config:
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
     bw, _, warps, stages = pick_gluon_tile(_engine_tiles(engine), cfg.block_m, cfg, env)
+    from .w4a16_sm90 import NLOOP_N_TILES, NLOOP_TILES
+
+    nloop = (f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
+             if engine in REGISTER_A_ENGINES and k <= 256 and (bw, cfg.block_m, warps, stages) in NLOOP_TILES else "")
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
-                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages")
+                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{nloop}")
 
 
 def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None,

@@ -36,6 +36,9 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   soon as the consumers release a stage by mbarrier, so no CTA barrier is left in the loop.
   The default for contiguous, masked tiles of >= 64 rows and the 64/128-row indexed prefill
   blocks (H200, sixth session: 1.03-1.20x `gluon_rs`; `GLUON_WS_TILES` has the numbers).
+- **N loop** (`_w4a16_indexed_nloop_kernel`, indexed, K of one 256-wide step: Kimi TP8 down):
+  one program gathers its routed rows once and runs eight weight tiles over them, the next
+  tiles' words in the TMA ring, each tile stored as it retires.
 - **Shared-memory** (engine ``gluon``; `_w4a16_grouped_sm90_kernel`,
   `_w4a16_indexed_sm90_kernel`): dequantized weights stored into two sets of eight
   ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step; its indexed
@@ -791,6 +794,77 @@ def _w4a16_indexed_rs_kernel(
                    num_warps)
 
 
+@gluon.jit
+def _w4a16_indexed_nloop_kernel(
+    a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
+    N, K, num_routes, top_k, stride_am, stride_cm,
+    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
+    N_TILES: gl.constexpr, num_warps: gl.constexpr,
+):
+    """The register-A indexed kernel for a K of one 256-wide step (K <= 256; Kimi TP8 down has
+    K = 256): one program gathers its routing block's rows once and loops over N_TILES weight
+    tiles (N tiles ``t0 ..``), the words and scales of the next tiles in a STAGES-deep TMA ring,
+    tile j+1 dequantized while tile j's products run, each tile stored as it retires. With one
+    K step a tile, `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing
+    block, N tile) program re-gathers the same rows and only one program an SM runs (registers).
+    Grid: routing blocks x cdiv(N tiles, N_TILES), one axis, the N chunks fastest."""
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    nt = gl.cdiv(N, BW)
+    chunks = gl.cdiv(nt, N_TILES)
+    pid_m = gl.program_id(0) // chunks
+    t0 = (gl.program_id(0) % chunks) * N_TILES
+    if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
+        return
+    e = gl.load(expert_ids_ptr + pid_m)
+    if e < 0:  # a block of another rank's expert (EP)
+        return
+    count = gl.minimum(nt - t0, N_TILES)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    xs = _act_ring(w_desc, BR, 1, True)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
+    _gather_async(xs, 0, a_rows, row_ok, 0, K, X_LAYOUT)
+    async_copy.commit_group()
+    srow = e * 8  # one K step: eight scale rows an expert
+    for i in gl.static_range(STAGES):
+        n0 = (t0 + i) * BW
+        _load_weights(w_desc, s_desc, e * N + n0, srow, n0, 0, wready.index(i), wring, sring, i, i < count)
+    async_copy.wait_group(0)
+    fence_async_shared()
+    mbarrier.wait(wready.index(0), 0)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
+    gl.thread_barrier()  # every warp holds tile 0's fragments and sees every gathered row
+    n0 = (t0 + STAGES) * BW
+    _load_weights(w_desc, s_desc, e * N + n0, srow, n0, 0, wready.index(0), wring, sring, 0, STAGES < count)
+    for j in range(count):
+        acc = _issue_regs(xs, 0, gl.zeros([BW, BR], gl.float32, mma), w0, w1, w2, w3, w4, w5, w6, w7)
+        # tile j+1 dequantized while tile j's products run (past the last tile: unused, no wait)
+        s1 = (j + 1) % STAGES
+        mbarrier.wait(wready.index(s1), ((j + 1) // STAGES) & 1, pred=j + 1 < count)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _dequant_regs(wring, sring, s1, dot_a)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        gl.thread_barrier()  # every warp is done with stage s1's words
+        n0 = (t0 + j + 1 + STAGES) * BW
+        _load_weights(w_desc, s_desc, e * N + n0, srow, n0, 0, wready.index(s1), wring, sring, s1,
+                      j + 1 + STAGES < count)
+        _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, (t0 + j) * BW, N, num_routes, stride_cm,
+                       MUL_WEIGHT, num_warps)
+        w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(wready.index(i))
+
+
+#: N tiles a program of `_w4a16_indexed_nloop_kernel` loops over: the routed rows are gathered
+#: once per this many weight tiles, and Kimi TP8 down (56 tiles of 128) still has ~7 programs
+#: a routing block to spread over the SMs.
+NLOOP_N_TILES = 8
+#: The register-A tiles that run as `_w4a16_indexed_nloop_kernel` when K is one step: the
+#: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier).
+NLOOP_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8)
+
+
 def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
     """The cp.async gather's layout for a stage's ``[8, br, 32]`` bf16 boxes: every thread a
     distinct piece of each box (16 bytes when the box is big enough, 4-8 bytes for small
@@ -874,9 +948,19 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
     built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`), with
-    `warp_specialize` its producer-warp main loop (a tile of `INDEXED_WS_TILES`)."""
+    `warp_specialize` its producer-warp main loop (a tile of `INDEXED_WS_TILES`). A K of one
+    256-wide step on a two-warpgroup register-A tile (`NLOOP_TILES`) runs the N-loop kernel
+    `_w4a16_indexed_nloop_kernel` instead (with or without `warp_specialize`)."""
     bw, br, warps, stages = tile
     w_desc, s_desc = _weight_descs(w, bw)
+    if regs_a and w.k <= 256 and tile in NLOOP_TILES:  # one K step: the N-loop kernel
+        chunks = triton.cdiv(triton.cdiv(w.n, bw), NLOOP_N_TILES)
+        _w4a16_indexed_nloop_kernel[(expert_ids.numel() * chunks,)](
+            a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
+            w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
+            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, X_LAYOUT=_gather_layout(br, warps),
+            N_TILES=NLOOP_N_TILES, num_warps=warps)
+        return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
               "WARP_SPECIALIZE": warp_specialize}
@@ -948,5 +1032,15 @@ def compile_configs():
                 {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_FASTEST": _n_fastest(br), "num_warps": warps,
                  **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
+                unaligned=("N", "K", "num_routes", "top_k")))
+    for bw, br, warps, stages in NLOOP_TILES:
+        for mul in (False, True):
+            cfgs.append(KernelConfig(
+                f"w4a16_indexed_sm90_nloop[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
+                _w4a16_indexed_nloop_kernel,
+                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, "X_LAYOUT": "constexpr", "N_TILES": "constexpr"},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "X_LAYOUT": _gather_layout(br, warps),
+                 "N_TILES": NLOOP_N_TILES, "num_warps": warps},
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
                 unaligned=("N", "K", "num_routes", "top_k")))
     return cfgs
