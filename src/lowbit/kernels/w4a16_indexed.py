@@ -164,6 +164,21 @@ _GLUON_BLOCKS = (
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128x128 tile (H200 tok_e 171: EP8 2485 us, "
                         "TP8 3686 vs Triton 3521 / 4963; 64-row block 2576 / 4065)"),
 )
+#: The TP profile (many experts, thin projections: Kimi TP8 down has K = 256) differs between
+#: decode and prefill: its down projection is one K step, which the register-A 128x32 tile runs
+#: as the N loop (`w4a16_sm90._w4a16_indexed_nloop_kernel`). H200, 2026-11-30, TP8 1024 tokens
+#: (tok_e 21), gate_up + down, CUDA graph (`scripts/sweeps/w4a16_tp8_nloop.json`): 576.4 us vs
+#: Triton 32-row tiles 847.4. The rows measured for EP are kept elsewhere.
+_GLUON_BLOCKS_TP = (
+    _GLUON_BLOCKS[0],
+    (32, 32, "sm_90 TP between decode and prefill: register-A Gluon kernel, 32-row routing block, 128x32 tile, "
+             "the one-step down projection as the N loop (H200 TP8 tok_e 21: 576.4 us vs Triton 847.4)"),
+    *_GLUON_BLOCKS[2:],
+)
+
+
+def _gluon_blocks(profile: str) -> tuple:
+    return _GLUON_BLOCKS_TP if profile == "TP" else _GLUON_BLOCKS
 
 
 #: Prefill routing blocks (64 and 128 rows: the two-warpgroup tiles) run the register-A kernel
@@ -176,11 +191,11 @@ _GLUON_BLOCKS = (
 _WS_BLOCKS = (64, 128)
 
 
-def _gluon_runs(block_m: int, tok_e: float) -> bool:
+def _gluon_runs(block_m: int, tok_e: float, profile: str) -> bool:
     """Whether the register-A kernel is the default for a routing block at this tok_e: the
-    block `_GLUON_BLOCKS` picks; in its prefill range either prefill block (both measured faster
-    than Triton there); a block only it runs."""
-    _, rs_block, _ = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+    block `_GLUON_BLOCKS` (`_GLUON_BLOCKS_TP`) picks; in its prefill range either prefill block
+    (both measured faster than Triton there); a block only it runs."""
+    _, rs_block, _ = next(r for r in _gluon_blocks(profile) if tok_e <= r[0])
     prefill = (64, 128)
     return block_m == rs_block or (rs_block in prefill and block_m in prefill) or block_m not in VALIDATED_TILES
 
@@ -197,7 +212,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     gluon = gluon and env_value(env, "engine") in ("", *REGISTER_A_ENGINES)
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
-        _, rs_block, rs_why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+        _, rs_block, rs_why = next(r for r in _gluon_blocks(profile) if tok_e <= r[0])
         if gluon and rs_block is not None:
             block_m, why = rs_block, rs_why
     else:
@@ -209,7 +224,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                 f"one of {sorted(VALIDATED_TILES)} (on sm_90 also {rs_blocks}) (w4a16_indexed_config(...).block_m)"
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
-    rs = gluon and _gluon_runs(block_m, tok_e)
+    rs = gluon and _gluon_runs(block_m, tok_e, profile)
     if rs:  # the Gluon kernel does not split K
         split, split_why = 1, ""
     why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")

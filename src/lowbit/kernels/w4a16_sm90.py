@@ -92,7 +92,9 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   113.3 / 258.7 / 480.7, 6 stages 117.7 / 298.5 / 562.7; 128x16 136.2 / 360.4 / 692.9
 #:   64-row block, 256 tokens: 128x64 866.0, 64x64 982.7; 128-row block, 1024 tokens: 128x128
 #:   2484.5, 64x128 2836.0 (`w4a16_indexed._GLUON_BLOCKS` has the comparison with Triton)
-INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
+#: 32-row block, 2026-11-30: 128x32 first, the TP profile's tile (`w4a16_indexed._GLUON_BLOCKS_TP`:
+#:   TP8 1024 tokens 576.4 us, its one-step down projection as the N loop; Triton 32-row 847.4).
+INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 32, 8, 4), (64, 32, 4, 4),
                     (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
