@@ -17,9 +17,10 @@ wgmma / mma.sync A operand), whose registers pair two K-adjacent weights of one 
 the words at K ``k`` and ``k + 1`` and byte ``j`` (groups ``2j`` and ``2j + 1``), one ``prmt``
 gathers both words' byte j, and the low / high nibbles become the two packed registers
 ``(w[2j][k], w[2j][k+1])`` and ``(w[2j+1][k], w[2j+1][k+1])``; each is scaled by its group's
-scale duplicated in both halves. Eight weights cost eight instructions (prmt, shr, 2 lop3,
-2 x 2 bf16x2 fma), and no register repacking follows; `DEQUANT_PAIR_PTX` in that role cost ~3
-instructions a weight, most on the half-rate integer pipe (prmt repacks, shifts).
+scale duplicated in both halves. Four weights cost eight instructions (prmt, shr, 2 lop3,
+2 x 2 bf16x2 fma: 2 a weight, sm_90 SASS), and no register repacking follows;
+`DEQUANT_PAIR_PTX` in that role cost ~3 instructions a weight, most on the half-rate integer
+pipe (prmt repacks, shifts).
 """
 
 import triton

@@ -457,7 +457,8 @@ def sparse_attn(
 
 def compile_configs():
     """Every configuration the heuristics can pick (d = 512, heads 16..128 -> tiles of 16, 32,
-    64), for the compile tier."""
+    64), unsplit and split (the FP32 share written to the workspace), and the combine kernel,
+    for the compile tier."""
     from .compile_tier import KernelConfig
 
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "sink_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*bf16",
@@ -471,10 +472,19 @@ def compile_configs():
            "SPLIT_OUT": "constexpr"}
     cfgs = []
     for ht, (bk, warps, stages, swap) in TILE_TABLE.items():
-        cfgs.append(KernelConfig(
-            f"sparse_attn[D=512,HT={ht},BK={bk},w={warps},swap={int(swap)}]", _sparse_attn_kernel, sig,
-            {"D": 512, "BD": 512, "HT": ht, "BK": bk, "SWAP_AB": swap, "SPLIT_OUT": False},
-            num_warps=warps, num_stages=stages, expect_sass=("HGMMA",),
-            # head count, KV length, top-k and the index row strides are arbitrary in production
-            unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
+        for split in (False, True):
+            cfgs.append(KernelConfig(
+                f"sparse_attn[D=512,HT={ht},BK={bk},w={warps},swap={int(swap)}{',split' if split else ''}]",
+                _sparse_attn_kernel, dict(sig, out_ptr="*fp32") if split else sig,
+                {"D": 512, "BD": 512, "HT": ht, "BK": bk, "SWAP_AB": swap, "SPLIT_OUT": split},
+                num_warps=warps, num_stages=stages, expect_sass=("HGMMA",),
+                # head count, KV length, top-k and the index row strides are arbitrary in production
+                unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
+    cfgs.append(KernelConfig(
+        f"sparse_attn_combine[D=512,HC={_COMBINE_HEADS}]", _sparse_attn_combine_kernel,
+        {"ws_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": "*bf16", "H": "i32", "S": "i32", "SPLITS": "i32",
+         "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32",
+         "D": "constexpr", "BD": "constexpr", "HC": "constexpr"},
+        {"D": 512, "BD": 512, "HC": _COMBINE_HEADS}, num_warps=4, num_stages=1,
+        unaligned=("H", "S", "SPLITS")))
     return cfgs

@@ -82,8 +82,8 @@ class W4A16Config:
 
 #: The Hopper engines besides "triton": "gluon" (dequantized weights staged in shared memory),
 #: "gluon_rs" (dequantized weights as the register A operand of wgmma) and "gluon_ws" (the
-#: register-A kernel with a producer warp issuing the TMA loads; grouped layouts only: the
-#: indexed kernel gathers its rows with cp.async from the consumer warps).
+#: register-A kernel with a producer partition issuing every load: TMA for the grouped layouts,
+#: the indexed kernel's routed rows by cp.async; two-warpgroup tiles only).
 GLUON_ENGINES = ("gluon", "gluon_rs", "gluon_ws")
 #: The engines that run the register-A tiles (`w4a16_sm90.GLUON_RS_TILES` / `INDEXED_RS_TILES`).
 REGISTER_A_ENGINES = ("gluon_rs", "gluon_ws")

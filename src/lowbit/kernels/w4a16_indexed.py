@@ -168,7 +168,8 @@ _GLUON_BLOCKS = (
 #: decode and prefill: its down projection is one K step, which the register-A 128x32 tile runs
 #: as the N loop (`w4a16_sm90._w4a16_indexed_nloop_kernel`). H200, 2026-11-30, TP8 1024 tokens
 #: (tok_e 21), gate_up + down, CUDA graph (`scripts/sweeps/w4a16_tp8_nloop.json`): 576.4 us vs
-#: Triton 32-row tiles 847.4. The rows measured for EP are kept elsewhere.
+#: Triton 32-row tiles 847.4. EP keeps `_GLUON_BLOCKS` (EP8 at tok_e 10-32 was not measured with
+#: the 128x32 tile; its down projection, K = 2048, has no N loop).
 _GLUON_BLOCKS_TP = (
     _GLUON_BLOCKS[0],
     (32, 32, "sm_90 TP between decode and prefill: register-A Gluon kernel, 32-row routing block, 128x32 tile, "
@@ -244,7 +245,7 @@ def _engine_tiles(engine: str) -> tuple:
     return {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
 
 
-def _fit_engine(cfg: W4A16Config, env: tuple, k: int = 0) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
     ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
@@ -259,10 +260,10 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int = 0) -> W4A16Config:
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
     bw, _, warps, stages = pick_gluon_tile(_engine_tiles(engine), cfg.block_m, cfg, env)
-    from .w4a16_sm90 import NLOOP_N_TILES, NLOOP_TILES
+    from .w4a16_sm90 import NLOOP_N_TILES, runs_nloop
 
     nloop = (f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
-             if engine in REGISTER_A_ENGINES and k <= 256 and (bw, cfg.block_m, warps, stages) in NLOOP_TILES else "")
+             if engine in REGISTER_A_ENGINES and runs_nloop((bw, cfg.block_m, warps, stages), k) else "")
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{nloop}")
 

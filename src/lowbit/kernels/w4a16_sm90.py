@@ -72,7 +72,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .int4_dequant import DEQUANT_BYTE0_PTX, DEQUANT_BYTE1_PTX, DEQUANT_BYTE2_PTX, DEQUANT_BYTE3_PTX, DEQUANT_PAIR_PTX
 
-__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES", "compile_configs", "w4a16_grouped_sm90_launch",
+__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
+           "NLOOP_N_TILES", "NLOOP_TILES", "compile_configs", "runs_nloop", "w4a16_grouped_sm90_launch",
            "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -262,23 +263,22 @@ def _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm,
 
 
 @gluon.jit
-def _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr, x_l: gl.constexpr):
-    """`_routed_rows` for the cp.async gather's 3-D ``[8, BR, 32]`` layout `x_l` (`_gather_layout`):
-    ``[1, BR, 1]`` row flags and row pointers."""
-    rows_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, x_l))
+def _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr,
+                 rows_l: gl.constexpr):
+    """Routing block `pid_m`'s rows in the 1-D layout `rows_l`: which slots hold routes
+    (sentinels do not) and the row pointers ``a[id // top_k]`` (sentinels point at row 0)."""
     ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=rows_l))
     row_ok = ids < num_routes
-    a_rows = a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64) * stride_am
-    return row_ok[None, :, None], a_rows[None, :, None]
+    return row_ok, a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64) * stride_am
 
 
 @gluon.jit
-def _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr, x_l: gl.constexpr):
-    """Routing block `pid_m`'s rows: which slots hold routes (sentinels do not) and the row
-    pointers ``a[id // top_k]`` (sentinels point at row 0, masked)."""
-    ids = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, x_l)))
-    row_ok = ids < num_routes
-    return row_ok, a_ptr + gl.where(row_ok, ids // top_k, 0).to(gl.int64)[:, None] * stride_am
+def _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR: gl.constexpr, x_l: gl.constexpr):
+    """`_routed_rows` for the cp.async gather's 3-D ``[8, BR, 32]`` layout `x_l` (`_gather_layout`):
+    ``[1, BR, 1]`` row flags and row pointers."""
+    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR,
+                                  gl.SliceLayout(0, gl.SliceLayout(2, x_l)))
+    return row_ok[None, :, None], a_rows[None, :, None]
 
 
 @gluon.jit
@@ -733,7 +733,8 @@ def _w4a16_indexed_sm90_kernel(
         mbarrier.expect(ready.index(i), step_bytes, pred=live)
         _load_weight_step(w_desc, s_desc, wrow, srow, n0, i, ready.index(i), wring, sring, i, live)
 
-    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, x_l)
+    row_ok, a_rows = _routed_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, gl.SliceLayout(1, x_l))
+    a_rows = a_rows[:, None]
     x0, x1, x2, x3, x4, x5, x6, x7 = _gather_load(a_rows, row_ok, 0, K, x_l)
     _gather_store(xs, 0, x0, x1, x2, x3, x4, x5, x6, x7)
 
@@ -864,7 +865,13 @@ def _w4a16_indexed_nloop_kernel(
 NLOOP_N_TILES = 8
 #: The register-A tiles that run as `_w4a16_indexed_nloop_kernel` when K is one step: the
 #: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier).
-NLOOP_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8)
+NLOOP_TILES = INDEXED_WS_TILES
+
+
+def runs_nloop(tile: tuple, k: int) -> bool:
+    """Whether a register-A indexed `tile` runs as the N-loop kernel for this K (one 256-wide
+    step, a two-warpgroup tile): the launcher's rule, which the heuristics' reason reports."""
+    return k <= 256 and tuple(tile) in NLOOP_TILES
 
 
 def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
@@ -955,7 +962,7 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     `_w4a16_indexed_nloop_kernel` instead (with or without `warp_specialize`)."""
     bw, br, warps, stages = tile
     w_desc, s_desc = _weight_descs(w, bw)
-    if regs_a and w.k <= 256 and tile in NLOOP_TILES:  # one K step: the N-loop kernel
+    if regs_a and runs_nloop(tile, w.k):
         chunks = triton.cdiv(triton.cdiv(w.n, bw), NLOOP_N_TILES)
         _w4a16_indexed_nloop_kernel[(expert_ids.numel() * chunks,)](
             a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
