@@ -147,7 +147,7 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
                 [_triton_bin("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(d, "k.cubin")],
                 capture_output=True, text=True,
             )
-            rep.ptxas_warnings = [l for l in res.stderr.splitlines() if "warning" in l.lower()]
+            rep.ptxas_warnings = [l for l in res.stderr.splitlines() if "warning" in l.lower() or "(C75" in l]
     rep.ok = (
         rep.shared_bytes <= SMEM_LIMIT_SM90
         and not rep.sass_missing

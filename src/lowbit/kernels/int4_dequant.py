@@ -28,8 +28,9 @@ import triton.language as tl
 
 from . import numerics
 
-__all__ = ["DEQUANT_BYTE0_PTX", "DEQUANT_BYTE1_PTX", "DEQUANT_BYTE2_PTX", "DEQUANT_BYTE3_PTX", "DEQUANT_PAIR_PTX",
-           "dequant_pair"]
+__all__ = ["DEQUANT_BYTE0_PTX", "DEQUANT_BYTE1_PTX", "DEQUANT_BYTE2_PTX", "DEQUANT_BYTE3_PTX", "DEQUANT_GROUP0_PTX",
+           "DEQUANT_GROUP1_PTX", "DEQUANT_GROUP2_PTX", "DEQUANT_GROUP3_PTX", "DEQUANT_GROUP4_PTX", "DEQUANT_GROUP5_PTX",
+           "DEQUANT_GROUP6_PTX", "DEQUANT_GROUP7_PTX", "DEQUANT_PAIR_PTX", "dequant_pair"]
 
 DEQUANT_PAIR_PTX = tl.constexpr("""
 {
@@ -75,6 +76,40 @@ DEQUANT_BYTE0_PTX = tl.constexpr(_dequant_byte_ptx(0))
 DEQUANT_BYTE1_PTX = tl.constexpr(_dequant_byte_ptx(1))
 DEQUANT_BYTE2_PTX = tl.constexpr(_dequant_byte_ptx(2))
 DEQUANT_BYTE3_PTX = tl.constexpr(_dequant_byte_ptx(3))
+
+
+def _dequant_group_ptx(g: int) -> str:
+    """`_dequant_byte_ptx` for one group g = 0..7 (byte g // 2, the low nibbles for even g, the high
+    ones for odd g): $0 = packed bf16x2 weights at K (k, k+1); $1, $2 = the words at k and k+1;
+    $3 = the group's scale duplicated in both halves. 4-5 instructions per two weights, for
+    consumers that cannot hold two groups' fragments at once."""
+    j = g // 2
+    sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)
+    shift = "shr.u32 t, t, 4;" if g % 2 else ""
+    return f"""
+{{
+.reg .b32 t, one, c, z;
+prmt.b32 t, $1, $2, {sel:#06x};
+{shift}
+lop3.b32 t, t, 0x000F000F, 0x43004300, 0xea;
+mov.b32 one, 0x3F803F80;
+mov.b32 c, 0xC308C308;
+mov.b32 z, 0x80008000;
+fma.rn.bf16x2 t, t, one, c;
+fma.rn.bf16x2 $0, t, $3, z;
+}}
+"""
+
+
+#: Per group g = 0..7; use with ``pack=2`` and constraints "=r,r,r,r".
+DEQUANT_GROUP0_PTX = tl.constexpr(_dequant_group_ptx(0))
+DEQUANT_GROUP1_PTX = tl.constexpr(_dequant_group_ptx(1))
+DEQUANT_GROUP2_PTX = tl.constexpr(_dequant_group_ptx(2))
+DEQUANT_GROUP3_PTX = tl.constexpr(_dequant_group_ptx(3))
+DEQUANT_GROUP4_PTX = tl.constexpr(_dequant_group_ptx(4))
+DEQUANT_GROUP5_PTX = tl.constexpr(_dequant_group_ptx(5))
+DEQUANT_GROUP6_PTX = tl.constexpr(_dequant_group_ptx(6))
+DEQUANT_GROUP7_PTX = tl.constexpr(_dequant_group_ptx(7))
 
 
 @triton.jit

@@ -70,7 +70,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .int4_dequant import DEQUANT_BYTE0_PTX, DEQUANT_BYTE1_PTX, DEQUANT_BYTE2_PTX, DEQUANT_BYTE3_PTX, DEQUANT_PAIR_PTX
+from .int4_dequant import (
+    DEQUANT_BYTE0_PTX,
+    DEQUANT_BYTE1_PTX,
+    DEQUANT_BYTE2_PTX,
+    DEQUANT_BYTE3_PTX,
+    DEQUANT_GROUP0_PTX,
+    DEQUANT_GROUP1_PTX,
+    DEQUANT_GROUP2_PTX,
+    DEQUANT_GROUP3_PTX,
+    DEQUANT_GROUP4_PTX,
+    DEQUANT_GROUP5_PTX,
+    DEQUANT_GROUP6_PTX,
+    DEQUANT_GROUP7_PTX,
+    DEQUANT_PAIR_PTX,
+)
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "NLOOP_N_TILES", "NLOOP_TILES", "compile_configs", "runs_nloop", "w4a16_grouped_sm90_launch",
@@ -96,7 +110,8 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #: 32-row block, 2026-11-30: 128x32 first, the TP profile's tile (`w4a16_indexed._GLUON_BLOCKS_TP`:
 #:   TP8 1024 tokens 576.4 us, its one-step down projection as the N loop; Triton 32-row 847.4).
 INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 32, 8, 4), (64, 32, 4, 4),
-                    (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))
+                    (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2), (256, 128, 16, 2),
+                    (256, 64, 16, 3))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
@@ -109,7 +124,7 @@ INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8,
 #: 64x16 with 3 stages 533.5 (4 CTAs an SM), 4 stages 561.6; 16 tok/expert 64x32 3 stages 631.1,
 #: 4 stages 629.3 (both 2 CTAs an SM: 156-160 registers).
 GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
-                  (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
+                  (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4), (256, 128, 16, 2), (256, 64, 16, 3))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
@@ -534,6 +549,68 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
 
 
 @gluon.jit
+def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
+                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+    """`_rs_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
+    bytes a FLOP of the 128-row tiles (each activation block read once for 256 weight rows).
+    At 16 warps a thread has 128 registers: the accumulator takes 64, so a step's fragments
+    cannot be held twice (128) as `_rs_mainloop` does; a step is dequantized one group at a time
+    instead, group g + 1 while group g's wgmma runs (8 fragment registers each). Warp
+    specialization is not offered: its producer warpgroup leaves a consumer 112 registers, and
+    ptxas then serializes the wgmmas (C7512). Every warpgroup retires its products at the end
+    of a step (an outstanding wgmma across the loop's back edge serializes them too: C7515),
+    then a CTA barrier and the refill of the stage with step k + STAGES."""
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    xs = _act_ring(x_desc, BR, STAGES, GATHER)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(xready.index(i), count=1)
+
+    nk = gl.cdiv(K, 256)
+    for i in gl.static_range(STAGES):
+        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
+        _load_acts(x_desc, a_rows, row_ok, K, r0, i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+    if GATHER:  # step 0's rows: this thread's landed; every thread's after the barrier
+        async_copy.wait_group(STAGES - 1)
+        fence_async_shared()
+        gl.thread_barrier()
+
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    for kt in range(nk):
+        s = kt % STAGES
+        ph = (kt // STAGES) & 1
+        mbarrier.wait(wready.index(s), ph)
+        if not GATHER:
+            mbarrier.wait(xready.index(s), ph)
+        scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
+        words = wring.index(s).load(dot_a)
+        prev = _dequant_group_regs(words, scales, 0, rows_l)
+        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+        for g in gl.static_range(1, _GROUPS):
+            w = _dequant_group_regs(words, scales, g, rows_l)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+            prev = w
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+        if GATHER:  # step k+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
+            async_copy.wait_group(STAGES - 2)
+            fence_async_shared()
+        gl.thread_barrier()  # every warpgroup is done with stage s
+        _load_weights(w_desc, s_desc, wrow, srow, n0, kt + STAGES, wready.index(s), wring, sring, s, kt + STAGES < nk)
+        _load_acts(x_desc, a_rows, row_ok, K, r0, kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
+    if GATHER:
+        async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(wready.index(i))
+        mbarrier.invalidate(xready.index(i))
+    return acc
+
+
+@gluon.jit
 def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
                       BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
     """Consumer warpgroups of `_ws_mainloop`: `_rs_mainloop`'s arithmetic (dequantize step k+1
@@ -568,6 +645,32 @@ def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: 
     acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
     return (acc,)  # a partition returns a tuple (Triton 3.6 flattens it)
+
+
+@gluon.jit
+def _dequant_group_regs(words, scales, g: gl.constexpr, srow: gl.constexpr):
+    """Group g of a step (K ``32g ..``) as one ``[BW, 32]`` A fragment (`_dequant_regs` one group
+    at a time): `scales` the stage's ``[8 * BW]`` flat view, `srow` the fragment's row layout."""
+    BW: gl.constexpr = words.shape[0]
+    sc = scales.slice(g * BW, BW).load(srow)[:, None]
+    _, sc = gl.broadcast(words, sc)
+    if g == 0:
+        PTX: gl.constexpr = DEQUANT_GROUP0_PTX
+    elif g == 1:
+        PTX: gl.constexpr = DEQUANT_GROUP1_PTX
+    elif g == 2:
+        PTX: gl.constexpr = DEQUANT_GROUP2_PTX
+    elif g == 3:
+        PTX: gl.constexpr = DEQUANT_GROUP3_PTX
+    elif g == 4:
+        PTX: gl.constexpr = DEQUANT_GROUP4_PTX
+    elif g == 5:
+        PTX: gl.constexpr = DEQUANT_GROUP5_PTX
+    elif g == 6:
+        PTX: gl.constexpr = DEQUANT_GROUP6_PTX
+    else:
+        PTX: gl.constexpr = DEQUANT_GROUP7_PTX
+    return gl.inline_asm_elementwise(PTX, "=r,r,r,r", [words, sc], dtype=gl.bfloat16, is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -657,7 +760,10 @@ def _w4a16_grouped_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    if WARP_SPECIALIZE:
+    if BW > 128:
+        acc = _rs_groups_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
+                                  BR, STAGES, False, mma)
+    elif WARP_SPECIALIZE:
         acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            False, x_l=mma)  # x_l: any layout, no gather
     else:
@@ -786,7 +892,11 @@ def _w4a16_indexed_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    if WARP_SPECIALIZE:  # the producer partition gathers the rows (X_LAYOUT: its layout)
+    if BW > 128:
+        row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
+        acc = _rs_groups_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0,
+                                  K, mma, BR, STAGES, True, X_LAYOUT)
+    elif WARP_SPECIALIZE:  # the producer partition gathers the rows (X_LAYOUT: its layout)
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
     else:

@@ -1,0 +1,94 @@
+"""256 weight rows a CTA against 128 on the W4A16 prefill kernels (a probe, not a benchmark).
+
+    python scripts/probes/wide_tile.py [contiguous] [masked] [indexed]
+
+Same module, identical inputs, Kimi EP8 shapes (48 experts, H 7168, I 2048), CUDA graph, L2
+flushed; outputs compared bit for bit (the two tiles do the same arithmetic in the same order).
+The 128-row tiles are the production warp-specialized ones (`_ws_mainloop`); the 256-row
+tiles are `_rs_groups_mainloop` (four warpgroups, one group's fragments at a time).
+
+Why: a 128-weight-row tile re-reads each activation block once per 128 weight rows (64 KB of
+activations beside 18 KB of weights a K step at 128 rows); at 256 the activation bytes a FLOP
+halve. The seventh session's bounds: the 128x128 tile loses 24% to its activation loads.
+"""
+import sys
+
+import torch
+
+from lowbit import routing
+from lowbit.bench.cases import make_weight
+from lowbit.bench.timing import measure
+from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
+from lowbit.kernels import w4a16_sm90 as k
+
+E, H, I = 48, 7168, 2048
+PROJ = (("gate_up", 2 * I, H), ("down", H, I))
+
+
+def _us(fn) -> float:
+    return measure(fn, cuda_graph=True, rep_ms=30).median_us
+
+
+def _report(label: str, flops: float, runs: dict) -> None:
+    (na, (ta, oa)), (nb, (tb, ob)) = runs.items()
+    same = torch.equal(oa, ob)
+    print(f"{label:<36} {na} {ta:8.1f} us ({flops / ta / 1e6:5.0f} TFLOP/s)  {nb} {tb:8.1f} us "
+          f"({flops / tb / 1e6:5.0f} TFLOP/s)  {ta / tb:5.2f}x  {'equal' if same else 'DIFFERENT'}", flush=True)
+
+
+def contiguous() -> None:
+    for rows in (128, 256, 512):
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="contiguous")
+            a = torch.randn(E * rows, kk, device="cuda").to(torch.bfloat16)
+            route = torch.arange(E, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+            runs = {}
+            for name, tile, ws in (("128x128ws", (128, 128, 8, 2), True), ("256x128", (256, 128, 16, 2), False)):
+                out = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                fn = lambda o=out, t=tile, ws=ws: k.w4a16_grouped_sm90_launch(a, w, route, o, t, 0, regs_a=True,  # noqa: E731
+                                                                                warp_specialize=ws)
+                fn()
+                runs[name] = (_us(fn), out.clone())
+            _report(f"contiguous {rows} rows/expert {proj}", 2 * E * rows * n * kk, runs)
+
+
+def masked() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for tok in (32, 64):
+        max_m = 256
+        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+            a = torch.randn(E * max_m, kk, device="cuda").to(torch.bfloat16)
+            runs = {}
+            for name, tile, ws in (("128x64ws", (128, 64, 8, 3), True), ("256x64", (256, 64, 16, 3), False)):
+                out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+                fn = lambda o=out, t=tile, ws=ws: k.w4a16_grouped_sm90_launch(a, w, counts, o, t, max_m, regs_a=True,  # noqa: E731
+                                                                                warp_specialize=ws)
+                fn()
+                runs[name] = (_us(fn), out.clone())
+            _report(f"masked {tok} tok/expert {proj}", 2 * int(counts.sum()) * n * kk, runs)
+
+
+def indexed() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for t, block in ((256, 64), (1024, 128)):
+        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+        r = routing.moe_align_block_size(ids, block, E)
+        for (proj, n, kk), top_k in zip(PROJ, (8, 1)):
+            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
+            a = torch.randn(t if top_k == 8 else t * 8, kk, generator=gen, device="cuda").to(torch.bfloat16)
+            runs = {}
+            for name, tile, ws in ((f"128x{block}ws", (128, block, 8, 2 if block == 128 else 3), True),
+                                   (f"256x{block}", (256, block, 16, 2 if block == 128 else 3), False)):
+                out = torch.full((t * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                fn = lambda o=out, tl=tile, ws=ws: k.w4a16_indexed_sm90_launch(  # noqa: E731
+                    a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tl, True, ws)
+                fn()
+                runs[name] = (_us(fn), out.clone())
+            _report(f"indexed {t} tokens {proj}", 2 * t * 8 * n * kk, runs)
+
+
+if __name__ == "__main__":
+    for what in sys.argv[1:] or ["contiguous", "masked", "indexed"]:
+        {"contiguous": contiguous, "masked": masked, "indexed": indexed}[what]()
