@@ -149,7 +149,7 @@ def test_gluon_engine_contract(gen, monkeypatch):
     assert (mk.engine, mk.block_n, mk.block_m, mk.num_stages) == ("gluon", 64, 64, 3), mk
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon_rs")  # register-A kernel: its own tiles
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
-    assert (c.engine, c.block_n, c.block_m, c.num_warps, c.num_stages) == ("gluon_rs", 128, 128, 8, 2), c
+    assert (c.engine, c.block_n, c.block_m, c.num_warps, c.num_stages) == ("gluon_rs", 256, 128, 16, 2), c
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "64")
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48)
     assert (c.block_n, c.block_m, c.num_warps) == (64, 128, 4), c
@@ -288,11 +288,11 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, TMA-able operands) the register-A Gluon kernel is the
     default for contiguous and masked (16-, 32- or 64-row activation tiles by expected_m); Triton
     off Hopper; an engine override wins either way and gets a tile of its own engine."""
-    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)
-    assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_ws", 128, 128, 8), c
+    c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)  # four warpgroups, 256 weight rows
+    assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 256, 128, 16), c
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
-    assert (m32.engine, m32.block_n, m32.block_m) == ("gluon_ws", 128, 64), m32
+    assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_rs", 256, 64, 16), m32
     for em, rows in ((8, 16), (16, 32)):
         c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
         assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 64, rows, 4), c

@@ -1,6 +1,6 @@
 """256 weight rows a CTA against 128 on the W4A16 prefill kernels (a probe, not a benchmark).
 
-    python scripts/probes/wide_tile.py [contiguous] [masked] [indexed]
+    python scripts/probes/wide_tile.py [contiguous] [masked] [indexed] [fewer]
 
 Same module, identical inputs, Kimi EP8 shapes (48 experts, H 7168, I 2048), CUDA graph, L2
 flushed; outputs compared bit for bit (the two tiles do the same arithmetic in the same order).
@@ -36,12 +36,12 @@ def _report(label: str, flops: float, runs: dict) -> None:
           f"({flops / tb / 1e6:5.0f} TFLOP/s)  {ta / tb:5.2f}x  {'equal' if same else 'DIFFERENT'}", flush=True)
 
 
-def contiguous() -> None:
-    for rows in (128, 256, 512):
+def contiguous(experts: int = E, rows_list=(128, 256, 512)) -> None:
+    for rows in rows_list:
         for proj, n, kk in PROJ:
-            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="contiguous")
-            a = torch.randn(E * rows, kk, device="cuda").to(torch.bfloat16)
-            route = torch.arange(E, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+            w = pack_w4a16_grouped(make_weight(experts, n, kk, "cuda"), mode="contiguous")
+            a = torch.randn(experts * rows, kk, device="cuda").to(torch.bfloat16)
+            route = torch.arange(experts, device="cuda", dtype=torch.int32).repeat_interleave(rows)
             runs = {}
             for name, tile, ws in (("128x128ws", (128, 128, 8, 2), True), ("256x128", (256, 128, 16, 2), False)):
                 out = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -49,17 +49,17 @@ def contiguous() -> None:
                                                                                 warp_specialize=ws)
                 fn()
                 runs[name] = (_us(fn), out.clone())
-            _report(f"contiguous {rows} rows/expert {proj}", 2 * E * rows * n * kk, runs)
+            _report(f"contiguous E{experts} {rows} rows/expert {proj}", 2 * experts * rows * n * kk, runs)
 
 
-def masked() -> None:
+def masked(experts: int = E, toks=(32, 64)) -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)
-    for tok in (32, 64):
+    for tok in toks:
         max_m = 256
-        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        counts = (tok * (0.7 + 0.6 * torch.rand(experts, generator=gen, device="cuda"))).round().to(torch.int32)
         for proj, n, kk in PROJ:
-            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
-            a = torch.randn(E * max_m, kk, device="cuda").to(torch.bfloat16)
+            w = pack_w4a16_grouped(make_weight(experts, n, kk, "cuda"), mode="masked")
+            a = torch.randn(experts * max_m, kk, device="cuda").to(torch.bfloat16)
             runs = {}
             for name, tile, ws in (("128x64ws", (128, 64, 8, 3), True), ("256x64", (256, 64, 16, 3), False)):
                 out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
@@ -67,16 +67,16 @@ def masked() -> None:
                                                                                 warp_specialize=ws)
                 fn()
                 runs[name] = (_us(fn), out.clone())
-            _report(f"masked {tok} tok/expert {proj}", 2 * int(counts.sum()) * n * kk, runs)
+            _report(f"masked E{experts} {tok} tok/expert {proj}", 2 * int(counts.sum()) * n * kk, runs)
 
 
-def indexed() -> None:
+def indexed(experts: int = E, cases=((256, 64), (1024, 128)), proj=PROJ) -> None:
     gen = torch.Generator(device="cuda").manual_seed(4)
-    for t, block in ((256, 64), (1024, 128)):
-        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
-        r = routing.moe_align_block_size(ids, block, E)
-        for (proj, n, kk), top_k in zip(PROJ, (8, 1)):
-            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
+    for t, block in cases:
+        ids = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+        r = routing.moe_align_block_size(ids, block, experts)
+        for (proj_name, n, kk), top_k in zip(proj, (8, 1)):
+            w = pack_w4a16(make_weight(experts, n, kk, "cuda"))
             a = torch.randn(t if top_k == 8 else t * 8, kk, generator=gen, device="cuda").to(torch.bfloat16)
             runs = {}
             for name, tile, ws in ((f"128x{block}ws", (128, block, 8, 2 if block == 128 else 3), True),
@@ -86,9 +86,18 @@ def indexed() -> None:
                     a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tl, True, ws)
                 fn()
                 runs[name] = (_us(fn), out.clone())
-            _report(f"indexed {t} tokens {proj}", 2 * t * 8 * n * kk, runs)
+            _report(f"indexed E{experts} {t} tokens {proj_name}", 2 * t * 8 * n * kk, runs)
+
+
+def fewer_experts() -> None:
+    """EP16 / EP32 (24 and 12 local experts: half and a quarter of the grid), and TP8 gate_up
+    (384 experts of N = 512: two 256-row weight tiles an expert)."""
+    for experts in (24, 12):
+        contiguous(experts, (128,))
+        masked(experts, (32,))
+    indexed(384, ((8192, 128),), (("gate_up", 512, H),))
 
 
 if __name__ == "__main__":
     for what in sys.argv[1:] or ["contiguous", "masked", "indexed"]:
-        {"contiguous": contiguous, "masked": masked, "indexed": indexed}[what]()
+        {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts}[what]()

@@ -109,14 +109,20 @@ def _tile_for_rows(rows: float) -> int:
 #: us, 128x64). Masked decode (fourth session) with the small tiles, the M tile the Triton rule
 #: picks: 8 tok/expert 64x16 600.0 vs Triton 621.3 us, 16 tok/expert 64x32 666.2 vs 701.0.
 #: Every masked expected_m runs it; the tile comes from the heuristic's M tile (`_fit_engine`).
-#: Contiguous and masked tiles of >= 64 rows run it warp-specialized (engine "gluon_ws", a
+#: Contiguous and masked tiles of >= 64 rows ran it warp-specialized (engine "gluon_ws", a
 #: producer warp issuing the TMA loads; only two-warpgroup tiles), bit-identical. Sixth session,
 #: H200, CUDA graph, us, register-A vs warp-specialized (`scripts/sweeps/w4a16_masked_ws.json`):
 #: EP8 masked 32 tok/expert 814.6 vs 744.5, 64 tok 1148.1 vs 1053.2; EP16 / EP32 masked 32
 #: 419.5 / 222.5 vs 379.6 / 199.9; but 8 tok 528.9 vs 789.5 (the 4-warp 64x16 tile, 4 CTAs an
 #: SM, against 128x16 with one) and 16 tok 629.3 vs 658.7: below 64 rows the plain kernel stays.
-#: Contiguous: `w4a16_sm90.GLUON_WS_TILES` has the numbers (1.13-1.20x).
-_WS_MIN_ROWS = 64
+#: Eighth session: those row counts run the four-warpgroup register-A tiles instead (256 weight
+#: rows a CTA: half the activation bytes a FLOP; `w4a16_sm90._rs_groups_mainloop`), H200,
+#: `scripts/probes/wide_tile.py`, same process, bit-identical, us, 128-row warp-specialized vs
+#: 256-row: contiguous 128 rows/expert gate_up 631.6 vs 635.7, down 372.4 vs 352.3; 256 rows
+#: 1385.1 vs 1239.0 and 746.8 vs 669.1; 512 rows 2732.8 vs 2526.5 and 1470.8 vs 1375.1; masked
+#: 32 tok/expert (x64 tiles) 485.6 vs 470.8 and 292.4 vs 245.6; 64 tok 705.5 vs 622.4 and
+#: 386.5 vs 335.7.
+_WIDE_MIN_ROWS = 64
 
 
 @lru_cache(maxsize=4096)
@@ -133,9 +139,10 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
-    if gluon and (mode == "contiguous" or bm >= _WS_MIN_ROWS):
-        cfg = replace(cfg, engine="gluon_ws", reason=f"{why}; sm_90: warp-specialized register-A Gluon kernel "
-                      "(H200: 1.09-1.20x the register-A kernel, which is 1.36-2.1x the Triton kernel)")
+    if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
+        cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 256 weight rows a CTA "
+                      "(H200 EP8: 1.03-1.19x the warp-specialized 128-row tile, which is 1.09-1.20x the register-A "
+                      "one)")
     elif gluon:
         cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel (H200: 1.04-1.36x "
                       "the Triton kernel at 8-32 tok/expert)")

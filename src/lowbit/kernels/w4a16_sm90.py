@@ -110,8 +110,8 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #: 32-row block, 2026-11-30: 128x32 first, the TP profile's tile (`w4a16_indexed._GLUON_BLOCKS_TP`:
 #:   TP8 1024 tokens 576.4 us, its one-step down projection as the N loop; Triton 32-row 847.4).
 INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 32, 8, 4), (64, 32, 4, 4),
-                    (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2), (256, 128, 16, 2),
-                    (256, 64, 16, 3))
+                    (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
+                    (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
@@ -123,8 +123,8 @@ INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8,
 #: 128x64 854.0, 64x32 924.1. Fifth session (L2 flush by reads, new dequantization): 8 tok/expert
 #: 64x16 with 3 stages 533.5 (4 CTAs an SM), 4 stages 561.6; 16 tok/expert 64x32 3 stages 631.1,
 #: 4 stages 629.3 (both 2 CTAs an SM: 156-160 registers).
-GLUON_RS_TILES = ((128, 128, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (64, 128, 4, 3),
-                  (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4), (256, 128, 16, 2), (256, 64, 16, 3))
+GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
+                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
