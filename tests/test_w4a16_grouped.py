@@ -291,6 +291,12 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     c = w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True)  # four warpgroups, 256 weight rows
     assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 256, 128, 16), c
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
+    for mode, m, n, k, ex, engine in (("contiguous", 1536, 4096, 7168, 0, "gluon_ws"),  # EP32 gate_up: 192 programs
+                                      ("contiguous", 1536, 7168, 2048, 0, "gluon_rs"),  # EP32 down: 336
+                                      ("masked", 12 * 256, 4096, 7168, 32, "gluon_ws"),
+                                      ("masked", 24 * 256, 4096, 7168, 32, "gluon_rs")):  # EP16: 384
+        c = w4a16_grouped_config(mode, m, n, k, m // 128 if mode == "contiguous" else m // 256, ex, gluon=True)
+        assert c.engine == engine and c.block_n == (256 if engine == "gluon_rs" else 128), (mode, m, n, c)
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
     assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_rs", 256, 64, 16), m32
     for em, rows in ((8, 16), (16, 32)):

@@ -1,6 +1,6 @@
 """256 weight rows a CTA against 128 on the W4A16 prefill kernels (a probe, not a benchmark).
 
-    python scripts/probes/wide_tile.py [contiguous] [masked] [indexed] [fewer]
+    python scripts/probes/wide_tile.py [contiguous] [masked] [indexed] [fewer] [rows]
 
 Same module, identical inputs, Kimi EP8 shapes (48 experts, H 7168, I 2048), CUDA graph, L2
 flushed; outputs compared bit for bit (the two tiles do the same arithmetic in the same order).
@@ -98,6 +98,55 @@ def fewer_experts() -> None:
     indexed(384, ((8192, 128),), (("gate_up", 512, H),))
 
 
+def _masked_pair(experts: int, tok: int, tiles, gen) -> None:
+    """Masked, counts tok x 0.7-1.3, max_m 256: two register-A tiles (weight rows, rows, warps,
+    stages), no warp specialization; outputs compared on the valid rows only (a tile of fewer
+    rows leaves other rows unwritten)."""
+    max_m = 256
+    counts = (tok * (0.7 + 0.6 * torch.rand(experts, generator=gen, device="cuda"))).round().to(torch.int32)
+    valid = (torch.arange(max_m, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+    for proj, n, kk in PROJ:
+        w = pack_w4a16_grouped(make_weight(experts, n, kk, "cuda"), mode="masked")
+        a = torch.randn(experts * max_m, kk, device="cuda").to(torch.bfloat16)
+        runs = {}
+        for tile in tiles:
+            out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+            fn = lambda o=out, t=tile: k.w4a16_grouped_sm90_launch(a, w, counts, o, t, max_m, regs_a=True)  # noqa: E731
+            fn()
+            runs[f"{tile[0]}x{tile[1]}s{tile[3]}"] = (_us(fn), out[valid].clone())
+        _report(f"masked E{experts} {tok} tok/expert {proj}", 2 * int(counts.sum()) * n * kk, runs)
+
+
+def _indexed_blocks(experts: int, t: int, proj, tiles, gen) -> None:
+    """Indexed, random top-8 routing of t tokens: register-A tiles of different routing blocks
+    (the routing is built per block size); outputs compared bit for bit."""
+    ids = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+    for (proj_name, n, kk), top_k in proj:
+        w = pack_w4a16(make_weight(experts, n, kk, "cuda"))
+        a = torch.randn(t if top_k == 8 else t * 8, kk, generator=gen, device="cuda").to(torch.bfloat16)
+        runs = {}
+        for tile in tiles:
+            r = routing.moe_align_block_size(ids, tile[1], experts)
+            out = torch.full((t * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            fn = lambda o=out, tl=tile, r=r: k.w4a16_indexed_sm90_launch(  # noqa: E731
+                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tl, True, False)
+            fn()
+            runs[f"{tile[0]}x{tile[1]}s{tile[3]}"] = (_us(fn), out.clone())
+        _report(f"indexed E{experts} {t} tokens {proj_name}", 2 * t * 8 * n * kk, runs)
+
+
+def rows() -> None:
+    """The activation rows of a tile: fewer padded rows against more weight re-reads."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    _masked_pair(E, 8, ((64, 16, 4, 3), (256, 16, 16, 4)), gen)
+    _masked_pair(E, 16, ((64, 32, 4, 4), (256, 32, 16, 4)), gen)
+    _masked_pair(E, 32, ((256, 64, 16, 3), (256, 32, 16, 4)), gen)
+    both = tuple(zip(PROJ, (8, 1)))
+    _indexed_blocks(E, 20, both, ((64, 16, 4, 3), (256, 16, 16, 4)), gen)
+    _indexed_blocks(E, 1024, both, ((256, 128, 16, 2), (256, 64, 16, 3)), gen)
+    _indexed_blocks(384, 8192, ((("gate_up", 512, H), 8),), ((256, 128, 16, 2), (256, 64, 16, 3)), gen)
+
+
 if __name__ == "__main__":
     for what in sys.argv[1:] or ["contiguous", "masked", "indexed"]:
-        {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts}[what]()
+        {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts, "rows": rows}[what]()

@@ -54,7 +54,7 @@ import triton.language as tl
 
 from ..formats.fp8 import e8m0_decode
 from . import numerics
-from .sm90 import is_sm90_native, require_sm90, tma_problem
+from .sm90 import H200_NUM_SMS, is_sm90_native, require_sm90, tma_problem
 from .tuning import apply_env_overrides, env_key, override_names
 
 __all__ = [
@@ -69,8 +69,6 @@ __all__ = [
 
 #: K step = activation-scale group = edge of the weight-scale block.
 SCALE_BLOCK = 128
-#: SM count assumed when no CUDA device is visible (the H200 this library targets).
-H200_NUM_SMS = 132
 _FP8 = torch.float8_e4m3fn
 
 

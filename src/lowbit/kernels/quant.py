@@ -55,6 +55,7 @@ from ..formats.fp4 import MXFP4_AMAX_FLOOR, MXFP4_GROUP, NVFP4_DEEPSEEK_AMAX_FLO
 from ..formats.fp8 import FP8_AMAX_FLOOR, FP8_E4M3_MAX, FP8_GROUP_SIZES, FP8_SCALE_FMTS
 from . import numerics, tuning
 from .numerics import INTERPRET
+from .sm90 import H200_NUM_SMS
 
 __all__ = [
     "act_quant",
@@ -304,8 +305,6 @@ def _fp4_quant_kernel(
 
 
 # --------------------------------------------------------------------------- heuristics
-#: SMs of the H200 (the first target); used only to size the grid.
-H200_SMS = 132
 #: bytes of x one program reads, largest first; the heuristic halves down to the smallest
 TILE_BYTES = (16384, 8192, 4096, 2048)
 #: warps for a tile: 64 bytes a thread (four 16-byte vector loads in flight: 32 bf16 / 16 fp32)
@@ -347,14 +346,14 @@ def _config_cached(kind: str, total_groups: int, block: int, elem_bytes: int, en
     # 64 bytes a thread. Derived from the byte model; not yet measured on the H200.
     n_bytes = total_groups * block * elem_bytes
     for tile in TILE_BYTES:
-        if triton.cdiv(n_bytes, tile) >= 2 * H200_SMS:
+        if triton.cdiv(n_bytes, tile) >= 2 * H200_NUM_SMS:
             break
     gpp = max(1, tile // (block * elem_bytes))
     programs = triton.cdiv(total_groups, gpp)
     cfg = QuantConfig(
         gpp, WARPS_FOR_TILE[tile],
         f"{total_groups} groups of {block} x {elem_bytes} B: {tile} B a program -> {programs} programs "
-        f"({'>= 2 per SM' if programs >= 2 * H200_SMS else 'smallest tile; launch-bound'}), "
+        f"({'>= 2 per SM' if programs >= 2 * H200_NUM_SMS else 'smallest tile; launch-bound'}), "
         f"{WARPS_FOR_TILE[tile]} warps = 64 B a thread; byte model, not yet measured on the H200")
     cfg = tuning.apply_env_overrides(cfg, kind.upper(), _FIELDS)
     _check_config(cfg, block, kind)

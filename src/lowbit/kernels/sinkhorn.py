@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from . import tuning
+from .sm90 import H200_NUM_SMS
 
 __all__ = ["hc_split_sinkhorn", "SinkhornConfig", "sinkhorn_config", "explain_sinkhorn_config", "ENV_OVERRIDES"]
 
@@ -90,8 +91,6 @@ def _hc_split_sinkhorn_kernel(
 
 
 # --------------------------------------------------------------------------- heuristics
-#: SMs of the H200 (the first target); used only to size the grid.
-H200_SMS = 132
 #: (max tokens, tokens a program, warps) for hc = 4, first match wins:
 #:  - up to 8 tokens a SM: one token a program, one warp (16 entries: every token on its own
 #:    SM slot, the 20 serial Sinkhorn rounds of different tokens overlap across SMs);
@@ -99,7 +98,7 @@ H200_SMS = 132
 #:  - beyond: 32 tokens a program, 4 warps (512 entries, 4 a thread): fewer, fuller programs.
 #: From the operation count (20 rounds x 2 normalizations, all in registers); not yet measured
 #: on the H200.
-SINKHORN_TABLE = ((8 * H200_SMS, 1, 1), (64 * H200_SMS, 8, 1), (None, 32, 4))
+SINKHORN_TABLE = ((8 * H200_NUM_SMS, 1, 1), (64 * H200_NUM_SMS, 8, 1), (None, 32, 4))
 
 _FIELDS = ("tokens_per_program", "num_warps")
 ENV_OVERRIDES = tuning.override_names("SINKHORN", _FIELDS)

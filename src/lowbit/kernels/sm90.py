@@ -7,7 +7,11 @@ import torch
 
 from .._env import interpreter_active
 
-__all__ = ["is_sm90_native", "require_sm90", "tma_problem"]
+__all__ = ["H200_NUM_SMS", "is_sm90_native", "require_sm90", "tma_problem"]
+
+#: SMs of the H200 (the first target): what the heuristics size grids for when no CUDA device is
+#: visible, or when a rule was measured there.
+H200_NUM_SMS = 132
 
 
 def is_sm90_native(device: torch.device) -> bool:

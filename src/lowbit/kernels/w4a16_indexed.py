@@ -233,8 +233,13 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         cfg = replace(tile_config(block_m, why), split_k=split)
     else:  # a routing block only the register-A Gluon kernel runs
         cfg = W4A16Config(block_m, 128, 8, 2, True, engine="gluon_rs", reason=why)
-    if rs:  # prefill blocks: the four-warpgroup tile, or for a one-step K the N loop (warp-specialized tiles)
-        cfg = replace(cfg, engine="gluon_ws" if block_m in _WS_BLOCKS and k <= 256 else "gluon_rs")
+    if rs:  # prefill blocks: the four-warpgroup tile (the 256 weight rows' grid permitting), or for a
+        # one-step K the N loop (warp-specialized 128-row tiles)
+        from .w4a16_sm90 import wide_tile_pays
+
+        blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
+        wide = k > 256 and wide_tile_pays(blocks, n)
+        cfg = replace(cfg, engine="gluon_ws" if block_m in _WS_BLOCKS and not wide else "gluon_rs")
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k), n)
 
 

@@ -70,6 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .sm90 import H200_NUM_SMS
 from .int4_dequant import (
     DEQUANT_BYTE0_PTX,
     DEQUANT_BYTE1_PTX,
@@ -87,8 +88,8 @@ from .int4_dequant import (
 )
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
-           "NLOOP_N_TILES", "NLOOP_TILES", "compile_configs", "runs_nloop", "w4a16_grouped_sm90_launch",
-           "w4a16_indexed_sm90_launch"]
+           "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop", "wide_tile_pays",
+           "w4a16_grouped_sm90_launch", "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
 #: wgmma M side; 128 activation rows = one contiguous segment. Shared memory a stage: packed
@@ -111,7 +112,7 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   TP8 1024 tokens 576.4 us, its one-step down projection as the N loop; Triton 32-row 847.4).
 INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 32, 8, 4), (64, 32, 4, 4),
                     (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
-                    (64, 128, 4, 2))
+                    (64, 128, 4, 2), (256, 32, 16, 4), (256, 16, 16, 4))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
@@ -124,7 +125,8 @@ INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8,
 #: 64x16 with 3 stages 533.5 (4 CTAs an SM), 4 stages 561.6; 16 tok/expert 64x32 3 stages 631.1,
 #: 4 stages 629.3 (both 2 CTAs an SM: 156-160 registers).
 GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
-                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
+                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4),
+                  (256, 32, 16, 4), (256, 16, 16, 4))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
@@ -976,6 +978,20 @@ NLOOP_N_TILES = 8
 #: The register-A tiles that run as `_w4a16_indexed_nloop_kernel` when K is one step: the
 #: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier).
 NLOOP_TILES = INDEXED_WS_TILES
+
+
+#: The four-warpgroup (256 weight rows) tiles run one CTA an SM; below two waves of programs
+#: their tail wave costs more than the halved activation traffic saves. H200, eighth session
+#: (`scripts/probes/wide_tile.py fewer`, same process, bit-identical, 256-row vs 128-row tile):
+#: EP32 (12 experts) gate_up, 192 programs: 0.87x contiguous, 0.88x masked 32 tok/expert; down,
+#: 336 programs: 1.11x / 1.14x; EP16 gate_up, 384 programs: 1.13x / 1.06x.
+WIDE_TILE_MIN_PROGRAMS = 2 * H200_NUM_SMS
+
+
+def wide_tile_pays(row_blocks: float, n: int) -> bool:
+    """Whether `row_blocks` blocks of activation rows over N outputs fill enough programs of 256
+    weight rows for the four-warpgroup tile (`WIDE_TILE_MIN_PROGRAMS`)."""
+    return row_blocks * triton.cdiv(n, 256) >= WIDE_TILE_MIN_PROGRAMS
 
 
 def runs_nloop(tile: tuple, k: int) -> bool:
