@@ -213,5 +213,9 @@ def compile_configs():
                 f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}"
                 f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_kernel, sig, consts, num_warps=warps,
                 num_stages=1, expect_sass=("QGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 1",),
-                unaligned=("M", "N", "K", "stride_ask", "stride_bsk")))
+                unaligned=("M", "N", "K", "stride_ask", "stride_bsk"),
+                # known defect (found 2026-11-30 when the tier began reading ptxas's C75xx infos):
+                # ptxas serializes these wgmmas (C7514), so the promotion overlap this kernel was
+                # built for does not reach the SASS; H200 M=4096 ~0.5x torch's per-tensor FP8 GEMM
+                allowed_ptxas=("C7514",)))
     return cfgs

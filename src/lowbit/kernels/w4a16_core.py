@@ -106,7 +106,8 @@ VALIDATED_TILES: dict[int, tuple[int, int, int, bool]] = {
 
 #: Register spills (stack bytes, sm_90a compile) tolerated per tile: the 16x256 decode tile
 #: spills 104-176 B at 255 registers yet measured fastest (EP8 20 tok gate_up 363 us vs 378 us
-#: for the spill-free 16x64 tile, same sweep); every other tile must not spill.
+#: for the spill-free 16x64 tile, same sweep); every other tile must not spill. The same tile's
+#: wgmmas are serialized (ptxas C7515, part of that measurement): tolerated with the spills.
 ALLOWED_SPILL_BYTES: dict[int, int] = {16: 256}
 
 _OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "engine")
@@ -177,5 +178,6 @@ def compile_configs_for(fn, signature: dict, name: str, extra_constexprs: list[d
                 f"{name}[BM={bm},BN={bn},w={warps},swap={int(swap)}{',' + tag if tag else ''}]", fn, signature,
                 {"BM": bm, "BN": bn, "SWAP_AB": swap, **extra}, num_warps=warps, num_stages=stages,
                 expect_sass=("HGMMA",) if (bn if swap else bm) >= 64 else ("HMMA",), unaligned=unaligned,
-                max_spill_bytes=ALLOWED_SPILL_BYTES.get(bm, 0)))
+                max_spill_bytes=ALLOWED_SPILL_BYTES.get(bm, 0),
+                allowed_ptxas=("C7515",) if bm in ALLOWED_SPILL_BYTES else ()))
     return cfgs

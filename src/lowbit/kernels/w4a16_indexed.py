@@ -159,10 +159,11 @@ _GLUON_BLOCKS = (
              "1.15-1.49x the Triton kernel)"),
     (32, None, "between decode and prefill the Triton tiles (H200 TP8 tok_e 21: 874.5 us vs Gluon 890.9 "
                "with 32-row blocks, 1238.5 with 16)"),
-    (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block, 128 weight rows (H200 EP8 tok_e "
-             "43: 866 us vs Triton 1196)"),
-    (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128x128 tile (H200 tok_e 171: EP8 2485 us, "
-                        "TP8 3686 vs Triton 3521 / 4963; 64-row block 2576 / 4065)"),
+    (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
+             "Triton 1196 with 128 weight rows; 256 weight rows 1.09-1.10x that)"),
+    (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128-row routing block (H200 tok_e 171: EP8 "
+                        "2485 us, TP8 3686 vs Triton 3521 / 4963 with 128 weight rows, 64-row block 2576 / 4065; "
+                        "256 weight rows 1.10-1.14x that)"),
 )
 #: The TP profile (many experts, thin projections: Kimi TP8 down has K = 256) differs between
 #: decode and prefill: its down projection is one K step, which the register-A 128x32 tile runs
@@ -182,7 +183,10 @@ def _gluon_blocks(profile: str) -> tuple:
     return _GLUON_BLOCKS_TP if profile == "TP" else _GLUON_BLOCKS
 
 
-#: Prefill routing blocks (64 and 128 rows: the two-warpgroup tiles) run the register-A kernel
+#: Eighth session: with a K of more than one step (and two waves of programs, `wide_tile_pays`)
+#: the prefill blocks run the four-warpgroup register-A tiles instead (`INDEXED_RS_TILES` has
+#: the numbers); a one-step K (TP down) keeps the warp-specialized N loop.
+#: Prefill routing blocks (64 and 128 rows: the two-warpgroup tiles) ran the register-A kernel
 #: warp-specialized (engine "gluon_ws": a 4-warp producer partition gathers the rows by
 #: cp.async and TMAs the weights). H200, sixth session, CUDA graph, us, gluon_rs -> gluon_ws
 #: (`scripts/sweeps/w4a16_indexed_ws.json`): EP8 256 tokens 820.0 -> 761.4, 1024 tokens

@@ -36,6 +36,13 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   soon as the consumers release a stage by mbarrier, so no CTA barrier is left in the loop.
   The default for contiguous, masked tiles of >= 64 rows and the 64/128-row indexed prefill
   blocks (H200, sixth session: 1.03-1.20x `gluon_rs`; `GLUON_WS_TILES` has the numbers).
+- **Four warpgroups** (engine ``gluon_rs`` with a 256-weight-row tile; `_rs_groups_mainloop`
+  under the same two kernels, 16 warps): each activation block is read once for 256 weight
+  rows, half the activation bytes a FLOP of the 128-row tiles (their bound: the seventh
+  session's 128x128 lost 24% to its activation loads). At 128 registers a thread the
+  accumulator leaves no room for a step's fragments twice, so a step is dequantized one group
+  at a time under the previous group's wgmma. The prefill default where the grid has two waves
+  of programs (H200, eighth session: 1.03-1.19x the warp-specialized 128-row tiles).
 - **N loop** (`_w4a16_indexed_nloop_kernel`, indexed, K of one 256-wide step: Kimi TP8 down):
   one program gathers its routed rows once and runs eight weight tiles over them, the next
   tiles' words in the TMA ring, each tile stored as it retires.
@@ -110,9 +117,15 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   2484.5, 64x128 2836.0 (`w4a16_indexed._GLUON_BLOCKS` has the comparison with Triton)
 #: 32-row block, 2026-11-30: 128x32 first, the TP profile's tile (`w4a16_indexed._GLUON_BLOCKS_TP`:
 #:   TP8 1024 tokens 576.4 us, its one-step down projection as the N loop; Triton 32-row 847.4).
+#: 64- and 128-row blocks, eighth session: the four-warpgroup tiles (256 weight rows, 16 warps,
+#:   `_rs_groups_mainloop`; 102-128 registers, no spills) first, H200 (`scripts/probes/wide_tile.py`,
+#:   same process, bit-identical, us, warp-specialized 128-row tile -> 256): EP8 256 tokens gate_up
+#:   509.2 -> 468.2, down 287.1 -> 261.8; 1024 tokens 1364.0 -> 1243.0 and 727.2 -> 649.7; TP8 8192
+#:   tokens gate_up 1364.0 -> 1191.9. 256x16 at 20 tokens: 0.80x / 0.74x the 64x16 tile (not kept);
+#:   64-row blocks at 1024 tokens: 0.84-0.87x the 128-row ones on the 256-row tile too.
 INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 32, 8, 4), (64, 32, 4, 4),
                     (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
-                    (64, 128, 4, 2), (256, 32, 16, 4), (256, 16, 16, 4))
+                    (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
@@ -124,9 +137,12 @@ INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8,
 #: 128x64 854.0, 64x32 924.1. Fifth session (L2 flush by reads, new dequantization): 8 tok/expert
 #: 64x16 with 3 stages 533.5 (4 CTAs an SM), 4 stages 561.6; 16 tok/expert 64x32 3 stages 631.1,
 #: 4 stages 629.3 (both 2 CTAs an SM: 156-160 registers).
+#: Eighth session: the four-warpgroup tiles (256 weight rows, `_rs_groups_mainloop`) first for 128
+#: and 64 rows where the grid allows (`wide_tile_pays`); `w4a16_grouped` has the numbers. Tried
+#: and not kept (same process): masked 8 tok/expert 256x16 0.94x / 0.87x (gate_up / down) the
+#: 64x16 tile; 16 tok 256x32 1.01x / 1.05x the 64x32; 32 tok 256x32 0.83x / 0.79x the 256x64.
 GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
-                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4),
-                  (256, 32, 16, 4), (256, 16, 16, 4))
+                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
@@ -1143,7 +1159,10 @@ def compile_configs():
                 {**sig, **{k: "constexpr" for k in extra}},
                 {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m")))
+                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m"),
+                # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
+                # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS
+                allowed_ptxas=() if rs else ("C7515",)))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
              "gluon_rs": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0"),
              "gluon_ws": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0")}
