@@ -1,5 +1,5 @@
 """Hopper (sm_90a) Gluon kernel of `fp8_gemm` for prefill tiles: the K-block promotion of block
-``k - 1`` overlapped with the tensor-core product of block ``k``.
+``2j`` overlapped with the tensor-core product of block ``2j + 1``.
 
 Why it exists. `fp8_gemm`'s Triton kernel computes, per 128-deep K block, ``blk = a @ b^T``
 (FP8 wgmma, FP32 result) and then ``acc += blk * (a_s * b_s)`` on the CUDA cores. Triton 3.6
@@ -8,13 +8,21 @@ of every variant we tried: a loop-carried previous product, a 2x-unrolled loop, 
 ``tl.range(warp_specialize=True)``), so the tensor cores idle while the promotion FMAs run and
 while the next block is issued: the H200 measured 629-634 TFLOP/s at M=4096 against 1271-1325
 for ``torch._scaled_mm``'s per-tensor FP8 GEMM (docs/performance.md). Gluon exposes the wait:
-here block ``k``'s wgmma is issued asynchronously, ``warpgroup_mma_wait(num_outstanding=1)``
-retires block ``k - 1`` only, and its promotion runs while block ``k`` is on the tensor cores.
+here blocks ``2j`` and ``2j + 1`` are issued asynchronously, ``warpgroup_mma_wait(num_outstanding=1)``
+retires block ``2j`` only, and its promotion runs while block ``2j + 1`` is on the tensor cores.
+
+Why pairs. The first version kept one product in flight across the loop's back edge (block
+``k``'s wgmma overlapping block ``k - 1``'s promotion every iteration). LLVM carries that product
+through the loop's phi with register moves that read it while the tensor cores still write it,
+and ptxas then serialized every wgmma (C7514, reported as an "info" line the compile tier did
+not read until 2026-11-30): the overlap never reached the SASS. Two blocks an iteration with
+nothing in flight at the back edge compile clean; every second promotion is exposed.
 
 Structure (one partition, no warp specialization): a ``STAGES``-deep ring of TMA-loaded A and B
-tiles in shared memory, one mbarrier per stage; the stage of block ``k - 1`` is refilled with
-block ``k + STAGES - 1`` right after block ``k - 1``'s wgmma retired. TMA zero-fills rows and K
-columns past the tensor bounds, so M, N and K tails need no masks until the store.
+tiles in shared memory, one mbarrier per stage; a block's stage is refilled with block
+``k + STAGES`` as soon as its product is promoted. TMA zero-fills rows and K columns past the
+tensor bounds, so M, N and K tails need no masks until the store (an odd number of K blocks
+ends with a zero-filled block of scale 0).
 Semantics are `fp8_gemm`'s (same promotion order: ``acc += blk * (a_s * b_s)`` per K block).
 With ``B_SCALE_PER_ROW`` (`fp4_gemm`'s fold engine) the weight scale is per weight row and K
 block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m] * b_s[n]``;
@@ -37,7 +45,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -49,6 +56,47 @@ __all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 #: flight) are 192 registers a thread; 4 stages of 32 KB (A + B) are 128 KB of shared memory.
 GLUON_TILES = ((128, 128, 8, 4), (64, 128, 4, 4))
 _BK = 128
+
+
+@gluon.jit
+def _block_scale(as_rows, bs_row, kb, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW: gl.constexpr):
+    """Block kb's promotion scale per row: a_s * b_s (128x128 weight blocks) or a_s alone (per-row
+    weight scales, applied at the promotion); 0 past K (the odd phantom block)."""
+    live = kb < nk
+    sa = gl.load(as_rows + kb * stride_ask, mask=m_ok & live, other=0.0)
+    if B_SCALE_PER_ROW:
+        return sa
+    else:
+        return sa * gl.load(bs_row + kb * stride_bsk, mask=live, other=0.0)
+
+
+@gluon.jit
+def _promote(acc, blk, scale, s_bufs, st, live, BN: gl.constexpr, cols: gl.constexpr, flat: gl.constexpr,
+             B_SCALE_PER_ROW: gl.constexpr):
+    """acc += blk * scale (per row), times the per-row weight scales of stage `st` with
+    B_SCALE_PER_ROW (then a barrier: every warp has read them before the stage's refill)."""
+    if B_SCALE_PER_ROW:
+        sb = s_bufs.index(st)._reinterpret(gl.float32, [BN], flat).load(cols)
+        sb = gl.where(live, sb, 0.0)  # no data before block 0: 0 * NaN would poison the sum
+        acc = acc + blk * scale[:, None] * sb[None, :]
+        gl.thread_barrier()
+    else:
+        acc = acc + blk * scale[:, None]
+    return acc
+
+
+@gluon.jit
+def _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, blk, nblk, off_m, off_n, tile_bytes: gl.constexpr,
+            STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
+    """TMA of block `blk` (if < nblk) into its stage blk % STAGES."""
+    st = blk % STAGES
+    live = blk < nblk
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    mbarrier.expect(ready.index(st), tile_bytes, pred=live)
+    tma.async_copy_global_to_shared(a_desc, [off_m, blk * BK], ready.index(st), a_bufs.index(st), pred=live)
+    tma.async_copy_global_to_shared(b_desc, [off_n, blk * BK], ready.index(st), b_bufs.index(st), pred=live)
+    if B_SCALE_PER_ROW:
+        tma.async_copy_global_to_shared(s_desc, [blk, off_n], ready.index(st), s_bufs.index(st), pred=live)
 
 
 @gluon.jit
@@ -85,11 +133,12 @@ def _fp8_gemm_sm90_kernel(
         s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
         tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + s_desc.block_type.nbytes
     else:
+        s_bufs = a_bufs  # unused
         tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
     nk = gl.cdiv(K, BK)
-    for i in gl.static_range(STAGES - 1):  # prologue: blocks 0 .. STAGES-2 in flight
-        live = i < nk
+    for i in gl.static_range(STAGES):  # prologue: blocks 0 .. STAGES-1 in flight
+        live = i < 2 * gl.cdiv(nk, 2)
         mbarrier.expect(ready.index(i), tile_bytes, pred=live)
         tma.async_copy_global_to_shared(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i), pred=live)
         tma.async_copy_global_to_shared(b_desc, [off_n, i * BK], ready.index(i), b_bufs.index(i), pred=live)
@@ -102,49 +151,30 @@ def _fp8_gemm_sm90_kernel(
     bs_row = bs_ptr + (off_n // 128) * stride_bsn  # 128x128 blocks: BN divides 128, one scale row a tile
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # a stage's [1, BN] scale box as [BN]
 
-    zero = gl.zeros([BM, BN], gl.float32, mma)
     acc = gl.zeros([BM, BN], gl.float32, mma)
-    prev = warpgroup_mma_init(gl.zeros([BM, BN], gl.float32, mma))  # block k-1's product (0 before block 0)
-    prev_scale = gl.zeros([BM], gl.float32, rows)  # block k-1's a_s * b_s (per-row b_s: a_s alone)
-    for kb in range(nk):
-        s = kb % STAGES
-        # block kb's scales, used one iteration later (their load latency hides behind a wgmma)
-        sa = gl.load(as_rows + kb * stride_ask, mask=m_ok, other=0.0)
-        if not B_SCALE_PER_ROW:
-            sb = gl.load(bs_row + kb * stride_bsk)
-        mbarrier.wait(ready.index(s), (kb // STAGES) & 1)
-        cur = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-        # retire block kb-1 only; block kb stays on the tensor cores during its promotion
-        done = warpgroup_mma_wait(num_outstanding=1, deps=(prev,))
-        nxt = kb + STAGES - 1
-        ns = nxt % STAGES  # block kb-1's stage
-        if B_SCALE_PER_ROW:
-            # block kb-1's [BN] weight scales from its stage (none before block 0: the stage
-            # holds no data yet, and 0 * NaN would poison the sum)
-            prev_sb = s_bufs.index(ns)._reinterpret(gl.float32, [BN], flat).load(cols)
-            prev_sb = gl.where(kb > 0, prev_sb, 0.0)
-            acc = acc + done * prev_scale[:, None] * prev_sb[None, :]
-            gl.thread_barrier()  # every warp has read the stage's scales before the TMA refill
-        else:
-            acc = acc + done * prev_scale[:, None]
-        # block kb-1's stage is free now: refill it with block kb + STAGES - 1
-        live = nxt < nk
-        mbarrier.expect(ready.index(ns), tile_bytes, pred=live)
-        tma.async_copy_global_to_shared(a_desc, [off_m, nxt * BK], ready.index(ns), a_bufs.index(ns), pred=live)
-        tma.async_copy_global_to_shared(b_desc, [off_n, nxt * BK], ready.index(ns), b_bufs.index(ns), pred=live)
-        if B_SCALE_PER_ROW:
-            tma.async_copy_global_to_shared(s_desc, [nxt, off_n], ready.index(ns), s_bufs.index(ns), pred=live)
-        prev = cur
-        if B_SCALE_PER_ROW:
-            prev_scale = sa
-        else:
-            prev_scale = sa * sb
-    done = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
-    if B_SCALE_PER_ROW:
-        prev_sb = s_bufs.index((nk - 1) % STAGES)._reinterpret(gl.float32, [BN], flat).load(cols)
-        acc = acc + done * prev_scale[:, None] * prev_sb[None, :]
-    else:
-        acc = acc + done * prev_scale[:, None]
+    zero = gl.zeros([BM, BN], gl.float32, mma)
+    nk2 = 2 * gl.cdiv(nk, 2)  # an odd K ends with a zero-filled block (scale 0)
+    for j in range(nk2 // 2):
+        kb = 2 * j
+        s0 = _block_scale(as_rows, bs_row, kb, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+        s1 = _block_scale(as_rows, bs_row, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+        mbarrier.wait(ready.index(kb % STAGES), (kb // STAGES) & 1)
+        c0 = warpgroup_mma(a_bufs.index(kb % STAGES), b_bufs.index(kb % STAGES).permute((1, 0)), zero,
+                           use_acc=False, is_async=True)
+        mbarrier.wait(ready.index((kb + 1) % STAGES), ((kb + 1) // STAGES) & 1)
+        c1 = warpgroup_mma(a_bufs.index((kb + 1) % STAGES), b_bufs.index((kb + 1) % STAGES).permute((1, 0)), zero,
+                           use_acc=False, is_async=True)
+        d0 = warpgroup_mma_wait(num_outstanding=1, deps=(c0,))  # block kb retired, kb+1 in flight
+        acc = _promote(acc, d0, s0, s_bufs, kb % STAGES, True, BN, cols, flat, B_SCALE_PER_ROW)
+        _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, kb + STAGES, nk2, off_m, off_n, tile_bytes,
+                STAGES, B_SCALE_PER_ROW)
+        # nothing in flight at the loop's back edge: an in-flight product carried across it is
+        # copied by the loop's phi while the tensor cores write it, and ptxas serializes every
+        # wgmma (C7514)
+        d1 = warpgroup_mma_wait(num_outstanding=0, deps=(c1,))
+        acc = _promote(acc, d1, s1, s_bufs, (kb + 1) % STAGES, True, BN, cols, flat, B_SCALE_PER_ROW)
+        _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, kb + 1 + STAGES, nk2, off_m, off_n, tile_bytes,
+                STAGES, B_SCALE_PER_ROW)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
@@ -213,9 +243,5 @@ def compile_configs():
                 f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}"
                 f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_kernel, sig, consts, num_warps=warps,
                 num_stages=1, expect_sass=("QGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 1",),
-                unaligned=("M", "N", "K", "stride_ask", "stride_bsk"),
-                # known defect (found 2026-11-30 when the tier began reading ptxas's C75xx infos):
-                # ptxas serializes these wgmmas (C7514), so the promotion overlap this kernel was
-                # built for does not reach the SASS; H200 M=4096 ~0.5x torch's per-tensor FP8 GEMM
-                allowed_ptxas=("C7514",)))
+                unaligned=("M", "N", "K", "stride_ask", "stride_bsk")))
     return cfgs
