@@ -228,15 +228,18 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
             f"prefill M={m}: 128x128 tiles, two warpgroups of 64 rows; the two FP32 accumulators "
             f"(running sum + block product) take 128 registers a thread, so 128x256 would spill"))
     kb = triton.cdiv(k, SCALE_BLOCK)
-    if gluon and m > 128 and triton.cdiv(m, 64) * triton.cdiv(n, 128) >= sms:
-        # H200 2026-11-29, CUDA graph, M=4096 (N, K) = (2304, 5120) / (5120, 2304): Gluon 64x128
-        # 142.9 / 150.0 us (676 / 644 TFLOP/s), Gluon 128x128 154.5 / 159.3, Triton 128x128 152.3 /
-        # 152.3. At M=128 Gluon lost on one of the two shapes (25.7 vs 19.6 us), so M <= 128 stays
-        # on Triton, as does a grid that would need split-K (the Gluon kernel has none). Between
-        # 129 and 4095 rows the choice is extrapolated from M=4096, not measured.
+    if gluon and m > 64:
+        # H200, eighth session (`scripts/sweeps/fp8_gemm_gluon.json`, after the Gluon kernel
+        # stopped serializing its wgmmas), CUDA graph, us, (N, K) = (2304, 5120) / (5120, 2304):
+        # M=128: Gluon 64x128 17.7 / 12.3, Triton (64x128, split-K 2 on the first) 18.9 / 18.1,
+        # Gluon 128x128 24.6 / 15.4; M=4096: Gluon 64x128 117.8 / 123.6, 128x128 113.5 / 123.6
+        # (torch's per-tensor FP8 GEMM 71.6 / 75.6 in the bench). The Gluon kernel has no split-K:
+        # it wins at M=128 even on a 36-program grid. Between 129 and 4095 rows and below 128
+        # the choice is extrapolated, not measured. (Third session, before the C7514 fix: Gluon
+        # 64x128 1.02-1.07x Triton at M=4096, and lost at M=128: 25.7 vs 19.6 us.)
         cfg = BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
-            f"prefill M={m} on sm_90: Gluon 64x128 (async wgmma overlapped with the promotion; "
-            f"H200 M=4096: 1.02-1.07x the Triton 128x128 tile)"))
+            f"M={m} on sm_90: Gluon 64x128 (two K blocks an iteration, one's promotion under the "
+            f"other's wgmma; H200 M=128 1.07-1.47x the Triton tile, M=4096 0.60x torch per-tensor)"))
     else:
         programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)

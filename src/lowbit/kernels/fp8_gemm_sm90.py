@@ -29,9 +29,10 @@ block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m]
 the flag off compiles to the same instructions as before it existed.
 
 Status: compiled for sm_90a by the compile tier (QGMMA in the SASS, ``wgmma.wait_group 1`` in
-the PTX); correct on the H200 (GPU tests) and the default for prefill shapes (M > 128, a grid
-the 64x128 tile fills) on sm_90 with TMA-able operands: H200 M=4096 the 64x128 tile 1.02-1.07x
-the Triton 128x128 tile, the 128x128 Gluon tile 0.96-0.99x (2026-11-29). Gluon does not run
+the PTX, no C75xx serialization info); correct on the H200 (GPU tests) and the default for M > 64
+on sm_90 with TMA-able operands: H200, eighth session, M=4096 the 64x128 tile 0.60-0.61x
+``torch._scaled_mm``'s per-tensor FP8 GEMM (816 / 778 TFLOP/s; 0.50x before the pairs), M=128
+1.07-1.47x the Triton tile (`fp8_gemm._config_cached` has the numbers). Gluon does not run
 under the Triton interpreter: the Triton kernel stays the path on CPU.
 """
 
