@@ -1,6 +1,7 @@
 """256 weight rows a CTA against 128 on the W4A16 prefill kernels (a probe, not a benchmark).
 
     python scripts/probes/wide_tile.py [contiguous] [masked] [indexed] [fewer] [rows]
+    python scripts/probes/wide_tile.py ab OLD_FILE    # another w4a16_sm90.py against this one
 
 Same module, identical inputs, Kimi EP8 shapes (48 experts, H 7168, I 2048), CUDA graph, L2
 flushed; outputs compared bit for bit (the two tiles do the same arithmetic in the same order).
@@ -11,6 +12,7 @@ Why: a 128-weight-row tile re-reads each activation block once per 128 weight ro
 activations beside 18 KB of weights a K step at 128 rows); at 256 the activation bytes a FLOP
 halve. The seventh session's bounds: the 128x128 tile loses 24% to its activation loads.
 """
+import os
 import sys
 
 import torch
@@ -147,6 +149,52 @@ def rows() -> None:
     _indexed_blocks(384, 8192, ((("gate_up", 512, H), 8),), ((256, 128, 16, 2), (256, 64, 16, 3)), gen)
 
 
+def ab(old_file: str) -> None:
+    """Another version of `w4a16_sm90` (OLD_FILE, saved in the tree) against this one on the
+    256-row tiles' cases, same inputs, outputs compared bit for bit."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import variants as v
+
+    with open(old_file) as f:
+        mods = {"old": v.variant("wide_old", [], base=f.read()), "new": v.variant("wide_new", [])}
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    cases = [("masked", 32, (256, 64, 16, 3)), ("masked", 64, (256, 64, 16, 3)), ("contiguous", 128, (256, 128, 16, 2))]
+    for mode, rows, tile in cases:
+        max_m = 256 if mode == "masked" else 0
+        counts = (rows * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode=mode)
+            if mode == "masked":
+                a = torch.randn(E * max_m, kk, device="cuda").to(torch.bfloat16)
+                route, useful = counts, int(counts.sum())
+            else:
+                a = torch.randn(E * rows, kk, device="cuda").to(torch.bfloat16)
+                route, useful = torch.arange(E, device="cuda", dtype=torch.int32).repeat_interleave(rows), E * rows
+            runs = {}
+            for name, mod in mods.items():
+                out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+                fn = lambda o=out, m=mod: m.w4a16_grouped_sm90_launch(a, w, route, o, tile, max_m, regs_a=True)  # noqa: E731
+                fn()
+                runs[name] = (_us(fn), out.clone())
+            _report(f"{mode} {rows} {proj} {tile[0]}x{tile[1]}", 2 * useful * n * kk, runs)
+    ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(256)]).to(torch.int32)
+    r = routing.moe_align_block_size(ids, 64, E)
+    for (proj, n, kk), top_k in zip(PROJ, (8, 1)):
+        w = pack_w4a16(make_weight(E, n, kk, "cuda"))
+        a = torch.randn(256 if top_k == 8 else 2048, kk, generator=gen, device="cuda").to(torch.bfloat16)
+        runs = {}
+        for name, mod in mods.items():
+            out = torch.full((2048, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            fn = lambda o=out, m=mod: m.w4a16_indexed_sm90_launch(  # noqa: E731
+                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, (256, 64, 16, 3), True)
+            fn()
+            runs[name] = (_us(fn), out.clone())
+        _report(f"indexed 256 tokens {proj} 256x64", 2 * 2048 * n * kk, runs)
+
+
 if __name__ == "__main__":
-    for what in sys.argv[1:] or ["contiguous", "masked", "indexed"]:
-        {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts, "rows": rows}[what]()
+    if sys.argv[1:2] == ["ab"]:
+        ab(sys.argv[2])
+    else:
+        for what in sys.argv[1:] or ["contiguous", "masked", "indexed"]:
+            {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts, "rows": rows}[what]()

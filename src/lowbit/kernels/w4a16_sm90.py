@@ -405,6 +405,25 @@ def _dequant_byte(words, s_even, s_odd, PTX: gl.constexpr):
 
 
 @gluon.jit
+def _dequant_pair_regs(words, scales, j: gl.constexpr, srow: gl.constexpr):
+    """Groups 2j and 2j + 1 of a step (``DEQUANT_BYTE{j}_PTX``: byte j of the words) as two
+    ``[BW, 32]`` A fragments: `scales` the stage's ``[8 * BW]`` flat view, `srow` the fragments'
+    row layout."""
+    BW: gl.constexpr = words.shape[0]
+    s_even = scales.slice((2 * j) * BW, BW).load(srow)[:, None]
+    s_odd = scales.slice((2 * j + 1) * BW, BW).load(srow)[:, None]
+    if j == 0:
+        PTX: gl.constexpr = DEQUANT_BYTE0_PTX
+    elif j == 1:
+        PTX: gl.constexpr = DEQUANT_BYTE1_PTX
+    elif j == 2:
+        PTX: gl.constexpr = DEQUANT_BYTE2_PTX
+    else:
+        PTX: gl.constexpr = DEQUANT_BYTE3_PTX
+    return _dequant_byte(words, s_even, s_odd, PTX)
+
+
+@gluon.jit
 def _dequant_regs(wring, sring, st, dot_a: gl.constexpr):
     """Step held in stage `st`, dequantized straight into wgmma / mma.sync A fragments: eight
     ``[BW, 32]`` bf16 tensors (group g = K ``32g ..`` of the step) in the register layout `dot_a`."""
@@ -413,14 +432,10 @@ def _dequant_regs(wring, sring, st, dot_a: gl.constexpr):
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     scales = sring.index(st)._reinterpret(gl.bfloat16, [8 * BW], flat)
     srow: gl.constexpr = gl.SliceLayout(1, dot_a)
-    w0, w1 = _dequant_byte(words, scales.slice(0 * BW, BW).load(srow)[:, None], scales.slice(1 * BW, BW).load(srow)[:, None],
-                           DEQUANT_BYTE0_PTX)
-    w2, w3 = _dequant_byte(words, scales.slice(2 * BW, BW).load(srow)[:, None], scales.slice(3 * BW, BW).load(srow)[:, None],
-                           DEQUANT_BYTE1_PTX)
-    w4, w5 = _dequant_byte(words, scales.slice(4 * BW, BW).load(srow)[:, None], scales.slice(5 * BW, BW).load(srow)[:, None],
-                           DEQUANT_BYTE2_PTX)
-    w6, w7 = _dequant_byte(words, scales.slice(6 * BW, BW).load(srow)[:, None], scales.slice(7 * BW, BW).load(srow)[:, None],
-                           DEQUANT_BYTE3_PTX)
+    w0, w1 = _dequant_pair_regs(words, scales, 0, srow)
+    w2, w3 = _dequant_pair_regs(words, scales, 1, srow)
+    w4, w5 = _dequant_pair_regs(words, scales, 2, srow)
+    w6, w7 = _dequant_pair_regs(words, scales, 3, srow)
     return w0, w1, w2, w3, w4, w5, w6, w7
 
 
@@ -566,6 +581,13 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     return acc
 
 
+#: Four-warpgroup tiles of at most this many activation rows dequantize two groups (one byte of
+#: the words) at a time under the previous two groups' wgmmas: their accumulator (32 registers
+#: at 64 rows) leaves room for two pairs of fragments, and a pair halves the wgmma waits and
+#: costs 2 instructions a weight (one group: 2.25). Above it, one group at a time.
+PAIRS_MAX_ROWS = gl.constexpr(64)
+
+
 @gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
@@ -582,6 +604,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
+    PAIRS: gl.constexpr = PAIRS_MAX_ROWS >= BR
     xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -606,14 +629,27 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
             mbarrier.wait(xready.index(s), ph)
         scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
         words = wring.index(s).load(dot_a)
-        prev = _dequant_group_regs(words, scales, 0, rows_l)
-        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
-        for g in gl.static_range(1, _GROUPS):
-            w = _dequant_group_regs(words, scales, g, rows_l)
+        if PAIRS:
+            p_even, p_odd = _dequant_pair_regs(words, scales, 0, rows_l)
+            acc = warpgroup_mma(p_even, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(p_odd, xs.index(s * _GROUPS + 1).permute((1, 0)), acc, is_async=True)
+            for j in gl.static_range(1, _GROUPS // 2):
+                w_even, w_odd = _dequant_pair_regs(words, scales, j, rows_l)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_even, p_odd))[0]
+                acc = warpgroup_mma(w_even, xs.index(s * _GROUPS + 2 * j).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(w_odd, xs.index(s * _GROUPS + 2 * j + 1).permute((1, 0)), acc, is_async=True)
+                p_even = w_even
+                p_odd = w_odd
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_even, p_odd))[0]
+        else:
+            prev = _dequant_group_regs(words, scales, 0, rows_l)
+            acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+            for g in gl.static_range(1, _GROUPS):
+                w = _dequant_group_regs(words, scales, g, rows_l)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+                acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+                prev = w
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
-            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
-            prev = w
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
         if GATHER:  # step k+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
