@@ -4,6 +4,7 @@ adding switches to the library. Each edit must match once, so a probe fails loud
 kernel source moves on."""
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 
@@ -52,8 +53,8 @@ TILED_WEIGHTS = [
 
 
 def _absolute_imports(src: str) -> str:
-    src = src.replace("from .int4_dequant import", "from lowbit.kernels.int4_dequant import")
-    return src.replace("from .compile_tier import", "from lowbit.kernels.compile_tier import")
+    """Every ``from .x import`` (module level or inside a function) as ``from lowbit.kernels.x``."""
+    return re.sub(r"^(\s*)from \.(\w+) import", r"\1from lowbit.kernels.\2 import", src, flags=re.M)
 
 
 def variant(name: str, edits: list[tuple[str, str]], base: str | None = None):

@@ -581,13 +581,6 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     return acc
 
 
-#: Four-warpgroup tiles of at most this many activation rows dequantize two groups (one byte of
-#: the words) at a time under the previous two groups' wgmmas: their accumulator (32 registers
-#: at 64 rows) leaves room for two pairs of fragments, and a pair halves the wgmma waits and
-#: costs 2 instructions a weight (one group: 2.25). Above it, one group at a time.
-PAIRS_MAX_ROWS = gl.constexpr(64)
-
-
 @gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
@@ -604,7 +597,6 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    PAIRS: gl.constexpr = PAIRS_MAX_ROWS >= BR
     xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -629,27 +621,14 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
             mbarrier.wait(xready.index(s), ph)
         scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
         words = wring.index(s).load(dot_a)
-        if PAIRS:
-            p_even, p_odd = _dequant_pair_regs(words, scales, 0, rows_l)
-            acc = warpgroup_mma(p_even, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(p_odd, xs.index(s * _GROUPS + 1).permute((1, 0)), acc, is_async=True)
-            for j in gl.static_range(1, _GROUPS // 2):
-                w_even, w_odd = _dequant_pair_regs(words, scales, j, rows_l)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_even, p_odd))[0]
-                acc = warpgroup_mma(w_even, xs.index(s * _GROUPS + 2 * j).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma(w_odd, xs.index(s * _GROUPS + 2 * j + 1).permute((1, 0)), acc, is_async=True)
-                p_even = w_even
-                p_odd = w_odd
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_even, p_odd))[0]
-        else:
-            prev = _dequant_group_regs(words, scales, 0, rows_l)
-            acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
-            for g in gl.static_range(1, _GROUPS):
-                w = _dequant_group_regs(words, scales, g, rows_l)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
-                acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
-                prev = w
+        prev = _dequant_group_regs(words, scales, 0, rows_l)
+        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+        for g in gl.static_range(1, _GROUPS):
+            w = _dequant_group_regs(words, scales, g, rows_l)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+            prev = w
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
         if GATHER:  # step k+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
