@@ -515,6 +515,38 @@ def _act_ring(x_desc, BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constex
 
 
 @gluon.jit
+def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR: gl.constexpr, STAGES: gl.constexpr,
+              GATHER: gl.constexpr, x_l: gl.constexpr):
+    """The register-A main loops' rings (activations, words + scales, one ready mbarrier a stage
+    each) with steps 0 .. STAGES-1 in flight; with GATHER, this thread's copies of step 0 landed
+    and fenced (every thread's once the caller passes a CTA barrier). Returns the rings, the
+    barriers and the step count."""
+    xs = _act_ring(x_desc, BR, STAGES, GATHER)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(xready.index(i), count=1)
+
+    nk = gl.cdiv(K, 256)
+    for i in gl.static_range(STAGES):
+        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
+        _load_acts(x_desc, a_rows, row_ok, K, r0, i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+    if GATHER:
+        async_copy.wait_group(STAGES - 1)
+        fence_async_shared()
+    return xs, wring, sring, wready, xready, nk
+
+
+@gluon.jit
+def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
+    if GATHER:
+        async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(wready.index(i))
+        mbarrier.invalidate(xready.index(i))
+
+
+@gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
     """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
@@ -530,19 +562,9 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     of a stage are refilled once step k's products retire (``wait_group 0``, then a barrier)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    xs = _act_ring(x_desc, BR, STAGES, GATHER)
-    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
-    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(xready.index(i), count=1)
-
-    nk = gl.cdiv(K, 256)
-    for i in gl.static_range(STAGES):
-        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
-        _load_acts(x_desc, a_rows, row_ok, K, r0, i, xready.index(i), xs, i, i < nk, GATHER, x_l)
-    if GATHER:  # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
-        async_copy.wait_group(STAGES - 1)
-        fence_async_shared()
+    # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
+    xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
+                                                     BR, STAGES, GATHER, x_l)
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
     mbarrier.wait(wready.index(0), 0)
@@ -573,11 +595,7 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
         mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)
     acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-    if GATHER:
-        async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(wready.index(i))
-        mbarrier.invalidate(xready.index(i))
+    _rs_rings_done(wready, xready, STAGES, GATHER)
     return acc
 
 
@@ -597,19 +615,9 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    xs = _act_ring(x_desc, BR, STAGES, GATHER)
-    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
-    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(xready.index(i), count=1)
-
-    nk = gl.cdiv(K, 256)
-    for i in gl.static_range(STAGES):
-        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
-        _load_acts(x_desc, a_rows, row_ok, K, r0, i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+    xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
+                                                     BR, STAGES, GATHER, x_l)
     if GATHER:  # step 0's rows: this thread's landed; every thread's after the barrier
-        async_copy.wait_group(STAGES - 1)
-        fence_async_shared()
         gl.thread_barrier()
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
@@ -635,11 +643,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
         gl.thread_barrier()  # every warpgroup is done with stage s
         _load_weights(w_desc, s_desc, wrow, srow, n0, kt + STAGES, wready.index(s), wring, sring, s, kt + STAGES < nk)
         _load_acts(x_desc, a_rows, row_ok, K, r0, kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
-    if GATHER:
-        async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(wready.index(i))
-        mbarrier.invalidate(xready.index(i))
+    _rs_rings_done(wready, xready, STAGES, GATHER)
     return acc
 
 
