@@ -12,7 +12,7 @@ and ``i + 4``. `dequant_pair` turns such a word into the two bf16 weights
 The result is bit-identical to ``bf16((q - 8) * s)`` computed in FP32, which is what the
 interpreter path computes (inline PTX does not run under the interpreter).
 
-`DEQUANT_BYTE{j}_PTX` is the same arithmetic for register-fragment consumers (the Gluon kernels'
+`dequant_byte_ptx(j)` is the same arithmetic for register-fragment consumers (the Gluon kernels'
 wgmma / mma.sync A operand), whose registers pair two K-adjacent weights of one group: given
 the words at K ``k`` and ``k + 1`` and byte ``j`` (groups ``2j`` and ``2j + 1``), one ``prmt``
 gathers both words' byte j, and the low / high nibbles become the two packed registers
@@ -28,9 +28,7 @@ import triton.language as tl
 
 from . import numerics
 
-__all__ = ["DEQUANT_BYTE0_PTX", "DEQUANT_BYTE1_PTX", "DEQUANT_BYTE2_PTX", "DEQUANT_BYTE3_PTX", "DEQUANT_GROUP0_PTX",
-           "DEQUANT_GROUP1_PTX", "DEQUANT_GROUP2_PTX", "DEQUANT_GROUP3_PTX", "DEQUANT_GROUP4_PTX", "DEQUANT_GROUP5_PTX",
-           "DEQUANT_GROUP6_PTX", "DEQUANT_GROUP7_PTX", "DEQUANT_PAIR_PTX", "dequant_pair"]
+__all__ = ["DEQUANT_PAIR_PTX", "dequant_byte_ptx", "dequant_group_ptx", "dequant_pair"]
 
 DEQUANT_PAIR_PTX = tl.constexpr("""
 {
@@ -70,14 +68,6 @@ fma.rn.bf16x2 $1, o, $5, z;
 """
 
 
-#: Per byte j = 0..3 (groups 2j, 2j+1); use with ``pack=2`` and constraints "=r,=r,r,r,r,r".
-#: (Four names, not a tuple: a jitted function reads a global only as a `constexpr`.)
-DEQUANT_BYTE0_PTX = tl.constexpr(_dequant_byte_ptx(0))
-DEQUANT_BYTE1_PTX = tl.constexpr(_dequant_byte_ptx(1))
-DEQUANT_BYTE2_PTX = tl.constexpr(_dequant_byte_ptx(2))
-DEQUANT_BYTE3_PTX = tl.constexpr(_dequant_byte_ptx(3))
-
-
 def _dequant_group_ptx(g: int) -> str:
     """`_dequant_byte_ptx` for one group g = 0..7 (byte g // 2, the low nibbles for even g, the high
     ones for odd g): $0 = packed bf16x2 weights at K (k, k+1); $1, $2 = the words at k and k+1;
@@ -101,15 +91,11 @@ fma.rn.bf16x2 $0, t, $3, z;
 """
 
 
-#: Per group g = 0..7; use with ``pack=2`` and constraints "=r,r,r,r".
-DEQUANT_GROUP0_PTX = tl.constexpr(_dequant_group_ptx(0))
-DEQUANT_GROUP1_PTX = tl.constexpr(_dequant_group_ptx(1))
-DEQUANT_GROUP2_PTX = tl.constexpr(_dequant_group_ptx(2))
-DEQUANT_GROUP3_PTX = tl.constexpr(_dequant_group_ptx(3))
-DEQUANT_GROUP4_PTX = tl.constexpr(_dequant_group_ptx(4))
-DEQUANT_GROUP5_PTX = tl.constexpr(_dequant_group_ptx(5))
-DEQUANT_GROUP6_PTX = tl.constexpr(_dequant_group_ptx(6))
-DEQUANT_GROUP7_PTX = tl.constexpr(_dequant_group_ptx(7))
+#: The PTX text for a constant j / g inside a jitted function (a jitted function reads a plain
+#: Python function only through `triton.constexpr_function`): byte j = 0..3 (groups 2j, 2j+1),
+#: ``pack=2``, constraints "=r,=r,r,r,r,r"; group g = 0..7, ``pack=2``, constraints "=r,r,r,r".
+dequant_byte_ptx = triton.constexpr_function(_dequant_byte_ptx)
+dequant_group_ptx = triton.constexpr_function(_dequant_group_ptx)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ Common to both variants: per 256-wide K step a ``STAGES``-deep TMA ring brings t
 for the grouped layouts, eight ``[BR, 32]`` activation boxes (the packing pairs group i with
 group i + 4 in one word, so each weight group meets the activation columns of its own group).
 Dequantization is `int4_dequant`'s lop3 + fma.bf16x2 PTX (the same bits as every other path):
-``DEQUANT_BYTE{j}_PTX`` for the register-A kernels (two K-adjacent words a byte, straight into
+``dequant_byte_ptx(j)`` for the register-A kernels (two K-adjacent words a byte, straight into
 the fragment registers), ``DEQUANT_PAIR_PTX`` for the shared-memory ones.
 The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
 
@@ -78,21 +78,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .sm90 import H200_NUM_SMS
-from .int4_dequant import (
-    DEQUANT_BYTE0_PTX,
-    DEQUANT_BYTE1_PTX,
-    DEQUANT_BYTE2_PTX,
-    DEQUANT_BYTE3_PTX,
-    DEQUANT_GROUP0_PTX,
-    DEQUANT_GROUP1_PTX,
-    DEQUANT_GROUP2_PTX,
-    DEQUANT_GROUP3_PTX,
-    DEQUANT_GROUP4_PTX,
-    DEQUANT_GROUP5_PTX,
-    DEQUANT_GROUP6_PTX,
-    DEQUANT_GROUP7_PTX,
-    DEQUANT_PAIR_PTX,
-)
+from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop", "wide_tile_pays",
@@ -396,7 +382,7 @@ def _w4a16_grouped_sm90_kernel(
 
 @gluon.jit
 def _dequant_byte(words, s_even, s_odd, PTX: gl.constexpr):
-    """bf16 weights of groups 2j and 2j + 1 (``DEQUANT_BYTE{j}_PTX``) in `words`' register
+    """bf16 weights of groups 2j and 2j + 1 (``dequant_byte_ptx(j)``) in `words`' register
     layout, whose K-adjacent element pairs must share a register (a k_width-2 dot operand)."""
     _, s_even = gl.broadcast(words, s_even)
     _, s_odd = gl.broadcast(words, s_odd)
@@ -406,20 +392,13 @@ def _dequant_byte(words, s_even, s_odd, PTX: gl.constexpr):
 
 @gluon.jit
 def _dequant_pair_regs(words, scales, j: gl.constexpr, srow: gl.constexpr):
-    """Groups 2j and 2j + 1 of a step (``DEQUANT_BYTE{j}_PTX``: byte j of the words) as two
+    """Groups 2j and 2j + 1 of a step (``dequant_byte_ptx(j)``: byte j of the words) as two
     ``[BW, 32]`` A fragments: `scales` the stage's ``[8 * BW]`` flat view, `srow` the fragments'
     row layout."""
     BW: gl.constexpr = words.shape[0]
     s_even = scales.slice((2 * j) * BW, BW).load(srow)[:, None]
     s_odd = scales.slice((2 * j + 1) * BW, BW).load(srow)[:, None]
-    if j == 0:
-        PTX: gl.constexpr = DEQUANT_BYTE0_PTX
-    elif j == 1:
-        PTX: gl.constexpr = DEQUANT_BYTE1_PTX
-    elif j == 2:
-        PTX: gl.constexpr = DEQUANT_BYTE2_PTX
-    else:
-        PTX: gl.constexpr = DEQUANT_BYTE3_PTX
+    PTX: gl.constexpr = dequant_byte_ptx(j)
     return _dequant_byte(words, s_even, s_odd, PTX)
 
 
@@ -691,22 +670,7 @@ def _dequant_group_regs(words, scales, g: gl.constexpr, srow: gl.constexpr):
     BW: gl.constexpr = words.shape[0]
     sc = scales.slice(g * BW, BW).load(srow)[:, None]
     _, sc = gl.broadcast(words, sc)
-    if g == 0:
-        PTX: gl.constexpr = DEQUANT_GROUP0_PTX
-    elif g == 1:
-        PTX: gl.constexpr = DEQUANT_GROUP1_PTX
-    elif g == 2:
-        PTX: gl.constexpr = DEQUANT_GROUP2_PTX
-    elif g == 3:
-        PTX: gl.constexpr = DEQUANT_GROUP3_PTX
-    elif g == 4:
-        PTX: gl.constexpr = DEQUANT_GROUP4_PTX
-    elif g == 5:
-        PTX: gl.constexpr = DEQUANT_GROUP5_PTX
-    elif g == 6:
-        PTX: gl.constexpr = DEQUANT_GROUP6_PTX
-    else:
-        PTX: gl.constexpr = DEQUANT_GROUP7_PTX
+    PTX: gl.constexpr = dequant_group_ptx(g)
     return gl.inline_asm_elementwise(PTX, "=r,r,r,r", [words, sc], dtype=gl.bfloat16, is_pure=True, pack=2)
 
 
