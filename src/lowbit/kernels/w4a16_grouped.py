@@ -139,17 +139,19 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
-    from .w4a16_sm90 import wide_tile_pays
+    if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
+        from .w4a16_sm90 import wide_tile_pays
 
-    # the Gluon contiguous tile takes whole 128-row segments; masked: the live blocks of each expert
-    row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // bm))
-    if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS) and wide_tile_pays(row_blocks, n):
-        cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 256 weight rows a CTA "
-                      "(H200 EP8: 1.03-1.19x the warp-specialized 128-row tile, which is 1.09-1.20x the register-A "
-                      "one)")
-    elif gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
-        cfg = replace(cfg, engine="gluon_ws", reason=f"{why}; sm_90: warp-specialized register-A Gluon kernel, 128 "
-                      "weight rows (under two waves of 256-row programs; H200: 1.09-1.20x the register-A kernel)")
+        # the Gluon contiguous tile takes whole 128-row segments; masked: the live blocks of each expert
+        row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // bm))
+        if wide_tile_pays(row_blocks, n):
+            cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 256 weight rows a "
+                          "CTA (H200 EP8: 1.03-1.19x the warp-specialized 128-row tile, which is 1.09-1.20x the "
+                          "register-A one)")
+        else:
+            cfg = replace(cfg, engine="gluon_ws", reason=f"{why}; sm_90: warp-specialized register-A Gluon kernel, "
+                          "128 weight rows (under two waves of 256-row programs; H200: 1.09-1.20x the register-A "
+                          "kernel)")
     elif gluon:
         cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel (H200: 1.04-1.36x "
                       "the Triton kernel at 8-32 tok/expert)")

@@ -528,6 +528,21 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 @gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+    """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
+    whole step's fragments twice (`_rs_steps_mainloop`); four-warpgroup tiles (256 weight rows)
+    dequantize one group at a time (`_rs_groups_mainloop`). Same arguments and result."""
+    if w_desc.block_type.shape[0] > 128:
+        acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
+                                  GATHER, x_l)
+    else:
+        acc = _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
+                                 GATHER, x_l)
+    return acc
+
+
+@gluon.jit
+def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
+                       BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
     """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
     (scales from row `srow` of the ``[E * Kp / 32, N]`` view), dequantized as wgmma's register
     A operand, times the activation rows (B operand from the STAGES-deep shared-memory ring:
@@ -581,10 +596,10 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
 @gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
-    """`_rs_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
+    """`_rs_steps_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
     bytes a FLOP of the 128-row tiles (each activation block read once for 256 weight rows).
     At 16 warps a thread has 128 registers: the accumulator takes 64, so a step's fragments
-    cannot be held twice (128) as `_rs_mainloop` does; a step is dequantized one group at a time
+    cannot be held twice (128) as `_rs_steps_mainloop` does; a step is dequantized one group at a time
     instead, group g + 1 while group g's wgmma runs (8 fragment registers each). Warp
     specialization is not offered: its producer warpgroup leaves a consumer 112 registers, and
     ptxas then serializes the wgmmas (C7512). Every warpgroup retires its products at the end
@@ -761,10 +776,7 @@ def _w4a16_grouped_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    if BW > 128:
-        acc = _rs_groups_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                                  BR, STAGES, False, mma)
-    elif WARP_SPECIALIZE:
+    if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`)
         acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            False, x_l=mma)  # x_l: any layout, no gather
     else:
@@ -893,11 +905,7 @@ def _w4a16_indexed_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    if BW > 128:
-        row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
-        acc = _rs_groups_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0,
-                                  K, mma, BR, STAGES, True, X_LAYOUT)
-    elif WARP_SPECIALIZE:  # the producer partition gathers the rows (X_LAYOUT: its layout)
+    if WARP_SPECIALIZE:  # two-warpgroup tiles; the producer partition gathers the rows (X_LAYOUT: its layout)
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
     else:
