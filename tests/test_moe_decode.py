@@ -242,7 +242,11 @@ def test_heuristics_memo_and_env_overrides(monkeypatch):
     for name in md.ENV_OVERRIDES:
         monkeypatch.delenv(name, raising=False)
     assert moe_decode_config(1, *ep8) is one
-    assert "engine=fma" in md.explain_moe_decode_config(1, *ep8)
+    assert "engine=fma" in md.explain_moe_decode_config(1, *ep8, native=False)
+    # on sm_90 (what show-config explains by default) INT4 runs the mma engine, MXFP8 does not
+    assert "engine=mma" in md.explain_moe_decode_config(1, *ep8)
+    assert moe_decode_config(1, *ep8, native=True).engine == "mma"
+    assert moe_decode_config(1, *ep8, fmt="mxfp8", native=True).engine == "fma"
 
 
 def test_compile_configs_cover_every_heuristic_choice():
@@ -258,13 +262,17 @@ def test_compile_configs_cover_every_heuristic_choice():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["heuristic", "fma"])
+@pytest.mark.parametrize("engine", ["heuristic", "fma", "mma"])
 @pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
 def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
     """Capture moe_decode (no host readback), replay with new topk_ids / topk_weights (one
-    replay with a dropped slot). M=4 over 8 experts: the heuristics pick the dot engine."""
+    replay with a dropped slot). M=4 over 8 experts: the heuristics pick the mma engine for
+    INT4 on sm_90, the dot engine for MXFP8."""
+    if engine == "mma" and fmt != "int4":
+        pytest.skip("the mma engine takes INT4 weights only (test_mma_engine_refusals)")
     e, h, inter, m, k = 8, 256, 128, 4, 3
-    cfg = None if engine == "heuristic" else DecodeConfig("fma", 16, 16, 1, 4, 2)
+    cfg = {"heuristic": None, "fma": DecodeConfig("fma", 16, 16, 1, 4, 2),
+           "mma": DecodeConfig("mma", 32, 16, 8, 4, 2)}[engine]
     w13, w2, q13, q2, _, _ = _weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
     ids = random_topk_ids(m, k, e, generator=gen).cuda()
@@ -284,3 +292,84 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
         ref_ids = ids.cpu()
         want = reference.moe_experts_ref(hidden.cpu(), ref_ids, tw.cpu(), q13, q2, round_intermediate=True)
         assert_close(y.cpu().float(), want, "bf16_chain", f"replay {step}")
+
+
+# --------------------------------------------------------------------------- mma engine (sm_90)
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_i,block_h,tokens", [(32, 16, 8), (16, 32, 16), (32, 64, 32), (16, 16, 8)])
+@pytest.mark.parametrize("h,inter", [(160, 96), (600, 300)])
+def test_mma_engine_matches_reference_with_routing_edges(h, inter, block_i, block_h, tokens, gen):
+    """The Gluon tensor-core engine against the reference with the routing edges of the Triton
+    engines' test; K of one step (H=160, I=96: past-K activations masked) and of several, odd
+    and even (H=600: three steps, the last dead in the two-step ring; I=300: two), neuron and
+    output counts that are not multiples of the tiles."""
+    e, m, k = 6, 5, 3
+    cfg = DecodeConfig("mma", block_i, block_h, tokens, 4, 2)
+    w13, w2, q13, q2, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
+    ids, tw, ref_ids = _edge_routing(m, k, e, gen)
+    act = poison_(torch.empty(m, k, inter, dtype=torch.bfloat16, device="cuda"))
+    moe_decode_gate_up(hidden.cuda(), ids.cuda(), w13, out=act, config=cfg)
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
+    moe_decode_down(act, ids.cuda(), tw.cuda(), w2, out=out, config=cfg)
+    act, out = act.cpu().float(), out.cpu().float()
+    assert_close(act, _act_ref(hidden, ref_ids, r13), "bf16_out", "act")
+    assert (act[1, 2] == 0).all() and (act[4, 0] == 0).all(), "dropped slots: act rows are 0"
+    assert torch.equal(act[3, 0], act[3, 1]), "a repeated expert gives both slots the same act row"
+    assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, r13, r2, round_intermediate=True),
+                 "bf16_out", "out (effective weights)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,tokens", [(1, 8), (20, 16), (40, 32)])
+def test_mma_engine_hot_expert_and_token_blocks(m, tokens, gen):
+    """Every token's first slot on expert 0: its gate_up owner gathers m routes in passes of 8;
+    40 tokens x 4 slots cross the 64-route scan chunk; m > tokens makes several down token
+    blocks; the last expert is empty."""
+    e, h, inter, k = 5, 520, 200, 4
+    cfg = DecodeConfig("mma", 32, 32, tokens, 4, 2)
+    w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(m, k, e - 1, generator=gen, hot_expert=0)
+    tw = random_topk_weights(m, k, generator=gen)
+    act = moe_decode_gate_up(hidden.cuda(), ids.cuda(), w13, config=cfg)
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
+    moe_decode_down(act, ids.cuda(), tw.cuda(), w2, out=out, config=cfg)
+    assert_close(act.cpu().float(), _act_ref(hidden, ids, r13), "bf16_out", "act")
+    ref = reference.moe_experts_ref(hidden, ids, tw, r13, r2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref, "bf16_out")
+
+
+@pytest.mark.gpu
+def test_mma_engine_is_the_int4_default_on_sm90(gen):
+    """On an sm_90 GPU the heuristics pick the mma engine for INT4 (MXFP8 keeps the Triton
+    engines), and the default path matches the reference at one token."""
+    assert moe_decode_config(1, 8, 48, 7168, 2048, "int4", native=True).engine == "mma"
+    assert moe_decode_config(1, 8, 48, 7168, 2048, "mxfp8", native=True).engine != "mma"
+    e, h, inter, k = 8, 512, 256, 4
+    w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
+    hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(1, k, e, generator=gen)
+    tw = random_topk_weights(1, k, generator=gen)
+    out = poison_(torch.empty(1, h, dtype=torch.bfloat16, device="cuda"))
+    moe_decode(hidden.cuda(), ids.cuda(), tw.cuda(), w13, w2, out=out)
+    ref = reference.moe_experts_ref(hidden, ids, tw, r13, r2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref, "bf16_out")
+
+
+def test_mma_engine_refusals(gen):
+    """The mma engine: tiles outside its set, MXFP8 weights, and (on the CPU tier) a device
+    that cannot run Gluon are refused with clear errors."""
+    with pytest.raises(ValueError, match="engine 'mma'"):
+        md._validate_config(DecodeConfig("mma", 64, 16, 8, 4, 2))
+    with pytest.raises(ValueError, match="engine 'mma'"):
+        md._validate_config(DecodeConfig("mma", 32, 16, 4, 4, 2))
+    e, h, inter, k = 2, 64, 32, 1
+    w13, w2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, "cpu")
+    hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
+    ids = torch.zeros(1, k, dtype=torch.int32)
+    with pytest.raises(ValueError, match="INT4"):
+        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 2))
+    w13, w2, _, _, _, _ = _weights("int4", e, h, inter, gen, "cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 2))

@@ -455,6 +455,7 @@ class DecodeLowbit(_DecodeBase):
 
     def prepare(self, problem: OpProblem) -> None:
         from ..kernels.moe_decode import moe_decode, moe_decode_config  # noqa: PLC0415
+        from ..kernels.sm90 import is_sm90_native  # noqa: PLC0415
 
         i = problem.inputs
         if i["fmt"] == "int4":
@@ -462,7 +463,8 @@ class DecodeLowbit(_DecodeBase):
         else:
             w13, w2 = i["w13"], i["w2"]
         hidden, ids, tw = i["hidden"], i["topk_ids"], i["topk_weights"]
-        cfg = moe_decode_config(hidden.shape[0], ids.shape[1], w13.num_experts, w13.k, w13.n // 2, i["fmt"])
+        cfg = moe_decode_config(hidden.shape[0], ids.shape[1], w13.num_experts, w13.k, w13.n // 2, i["fmt"],
+                                is_sm90_native(hidden.device))
         self._config = _cfg_dict(cfg)
         out = torch.empty(hidden.shape, dtype=torch.bfloat16, device=hidden.device)
         self._call = lambda: moe_decode(hidden, ids, tw, w13, w2, out=out, config=cfg)

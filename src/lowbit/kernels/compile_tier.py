@@ -42,6 +42,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.quant",
     "lowbit.kernels.sinkhorn",
     "lowbit.kernels.moe_decode",
+    "lowbit.kernels.moe_decode_sm90",
     "lowbit.kernels.fp8_gemm",
     "lowbit.kernels.fp8_gemm_sm90",
     "lowbit.kernels.w4a16_sm90",

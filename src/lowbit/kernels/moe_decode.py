@@ -76,6 +76,7 @@ from ..formats.mxfp8 import MXFP8_GROUP, quantize_mxfp8
 from ..formats.w4a16 import W4A16Weight
 from . import numerics, tuning
 from .int4_dequant import dequant_pair
+from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import w4a16_tile
 
 __all__ = [
@@ -485,7 +486,8 @@ class DecodeConfig:
 #: `scripts/config_sweep.py`): M=4 (1.29) fma 530.9 us vs the best dot tile 600.7 us; M=8
 #: (1.74) dot 800.3 us vs fma 1003.3 us: the switch sits between. MXFP8 not measured there.
 _ENGINES = (
-    # (max routes per hit expert, engine, why)
+    # (max routes per hit expert, engine, why); the mma engine (INT4 on sm_90) is picked before
+    # this table, see `_config_cached`
     (1.5, "fma", "< 1.5 routes per hit expert: little to share, the seed's one-output-per-unit FMA decode "
                  "(H200: fma 531 us vs dot 601 us at Kimi EP8 M=4)"),
     (float("inf"), "dot", "experts shared by several tokens: weight rows read once for all of them "
@@ -511,6 +513,10 @@ _TILES = {
     ("dot", "int4"): (64, 64, 4, 3, "H200 M=8: 800.3 us (64x32 2-stage: 966.0)"),
     # MXFP8 dot, M=8: 64/32/4w/2s 1167.6 us; 64/64/4w/3s 1390.3; 32/32 1382.7; 128/64/8w 1703.3
     ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
+    # mma (`moe_decode_sm90`): block_i = 8 x gate_up warps (half the warps gate rows, half up
+    # rows), block_h = 16 x down warps; num_warps / num_stages are not used (the register ring
+    # is two steps); tokens = the down kernel's token block (gate_up gathers 8 routes a pass)
+    ("mma", "int4"): (32, 16, 4, 2, "not yet measured"),
 }
 _WEIGHT_FORMATS = ("int4", "mxfp8")
 
@@ -535,8 +541,14 @@ def _is_pow2(v: int) -> bool:
 
 def _validate_config(cfg: DecodeConfig) -> None:
     """The whole constraint set of a configuration (raises ValueError)."""
-    if cfg.engine not in ("fma", "dot"):
-        raise ValueError(f"decode engine must be 'fma' or 'dot', got {cfg.engine!r}")
+    if cfg.engine not in ("fma", "dot", "mma"):
+        raise ValueError(f"decode engine must be 'fma', 'dot' or 'mma', got {cfg.engine!r}")
+    if cfg.engine == "mma":
+        if cfg.block_i not in (16, 32) or cfg.block_h not in (16, 32, 64) or cfg.tokens not in (8, 16, 32):
+            raise ValueError(f"decode engine 'mma': block_i in (16, 32) (2 or 4 warps), block_h in (16, 32, 64) "
+                             f"(1, 2 or 4 warps), tokens in (8, 16, 32), got block_i={cfg.block_i} "
+                             f"block_h={cfg.block_h} tokens={cfg.tokens}")
+        return
     for name in ("block_i", "block_h"):
         v = getattr(cfg, name)
         if not _is_pow2(v) or v < 16:
@@ -550,20 +562,28 @@ def _validate_config(cfg: DecodeConfig) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int, fmt: str, env: tuple) -> DecodeConfig:
+def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int, fmt: str, env: tuple,
+                   native: bool = False) -> DecodeConfig:
     if fmt not in _WEIGHT_FORMATS:
         raise ValueError(f"moe_decode weight format must be one of {_WEIGHT_FORMATS}, got {fmt!r}")
     rpe = _routes_per_hit_expert(m, top_k, num_experts)
     env_vals = dict(zip(_ENV_FIELDS, env))
     if env_vals["engine"]:
         engine, why = env_vals["engine"].lower(), f"LOWBIT_DECODE_ENGINE={env_vals['engine']}"
+    elif native and fmt == "int4":
+        engine, why = "mma", "INT4 on sm_90: the tensor-core engine (moe_decode_sm90)"
     else:
         _, engine, why = next(row for row in _ENGINES if rpe <= row[0])
     if (engine, fmt) not in _TILES:
-        raise ValueError(f"LOWBIT_DECODE_ENGINE must be 'fma' or 'dot', got {env_vals['engine']!r}")
+        raise ValueError(f"LOWBIT_DECODE_ENGINE must be 'fma', 'dot' or 'mma' (mma: INT4 only), got "
+                         f"{env_vals['engine']!r} for {fmt}")
     block_i, block_h, warps, stages, measured = _TILES[engine, fmt]
-    # dot: 16 tokens per program covers M <= 16 in one pass over the hit experts; beyond, 32
-    tokens = 1 if engine == "fma" else (16 if m <= 16 else 32)
+    # dot: 16 tokens per program covers M <= 16 in one pass over the hit experts; beyond, 32.
+    # mma: the down kernel's token block covers M <= 32 in one pass (each expert read once)
+    if engine == "mma":
+        tokens = 8 if m <= 8 else (16 if m <= 16 else 32)
+    else:
+        tokens = 1 if engine == "fma" else (16 if m <= 16 else 32)
     cfg = DecodeConfig(engine, block_i, block_h, tokens, warps, stages,
                        f"M={m} k={top_k} E={num_experts}: {rpe:.2f} routes/hit expert: {why}; "
                        f"{fmt} {engine} tile {measured}")
@@ -574,17 +594,18 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
 
 
 def moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int,
-                      fmt: str = "int4") -> DecodeConfig:
+                      fmt: str = "int4", native: bool = False) -> DecodeConfig:
     """The launch configuration for `m` tokens routed top-`top_k` over `num_experts` experts of
     hidden size `hidden` and intermediate size `inter`, weights in `fmt` (``"int4"`` or
-    ``"mxfp8"``). Memoized per shape and per value of the ``LOWBIT_DECODE_*`` overrides
-    (`ENV_OVERRIDES`), so the host side costs a dict lookup."""
-    return _config_cached(m, top_k, num_experts, hidden, inter, fmt, _env_key())
+    ``"mxfp8"``); `native`: the data is on an sm_90 GPU with the interpreter off (the Gluon
+    ``mma`` engine can run). Memoized per shape and per value of the ``LOWBIT_DECODE_*``
+    overrides (`ENV_OVERRIDES`), so the host side costs a dict lookup."""
+    return _config_cached(m, top_k, num_experts, hidden, inter, fmt, _env_key(), native)
 
 
 def explain_moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int,
-                              fmt: str = "int4") -> str:
-    c = moe_decode_config(m, top_k, num_experts, hidden, inter, fmt)
+                              fmt: str = "int4", native: bool = True) -> str:
+    c = moe_decode_config(m, top_k, num_experts, hidden, inter, fmt, native)
     return (f"moe_decode {fmt} M={m} k={top_k} E={num_experts} H={hidden} I={inter}: engine={c.engine} "
             f"block_i={c.block_i} block_h={c.block_h} tokens={c.tokens} warps={c.num_warps} "
             f"stages={c.num_stages} -- {c.reason}")
@@ -660,12 +681,16 @@ def _weight_format(w) -> str:
     return "mxfp8" if isinstance(w, Mxfp8ExpertWeight) else "int4"
 
 
-def _pick_config(config, m, top_k, e, h, inter, fmt: str) -> DecodeConfig:
+def _pick_config(config, m, top_k, e, h, inter, fmt: str, device) -> DecodeConfig:
     if config is None:
-        return moe_decode_config(m, top_k, e, h, inter, fmt)
+        return moe_decode_config(m, top_k, e, h, inter, fmt, is_sm90_native(device))
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     _validate_config(config)
+    if config.engine == "mma":
+        if fmt != "int4":
+            raise ValueError(f"decode engine 'mma' takes INT4 weights (W4A16Weight), got {fmt}")
+        require_sm90(device, "moe_decode engine 'mma'")
     return config
 
 
@@ -699,7 +724,7 @@ def moe_decode_gate_up(
     if codes.device != hidden.device:
         raise ValueError(f"w13 is on {codes.device}, hidden on {hidden.device}")
     e = w13.num_experts
-    config = _pick_config(config, m, top_k, e, h, inter, w_fmt)
+    config = _pick_config(config, m, top_k, e, h, inter, w_fmt, hidden.device)
     if out is None:
         out = torch.empty(m, top_k, inter, dtype=torch.bfloat16, device=hidden.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
@@ -707,6 +732,11 @@ def moe_decode_gate_up(
         raise ValueError(f"out must be a contiguous bf16 [M, k, I] = [{m}, {top_k}, {inter}] tensor, got "
                          f"{getattr(out, 'dtype', None)} {tuple(getattr(out, 'shape', ()))}")
     if m == 0 or inter == 0:
+        return out
+    if config.engine == "mma":
+        from .moe_decode_sm90 import gate_up_mma_launch
+
+        gate_up_mma_launch(hidden, topk_ids, w13, out, 8, config.block_i // 8)
         return out
     grid = (triton.cdiv(inter, config.block_i), m * top_k)
     _gate_up_kernel[grid](
@@ -753,7 +783,7 @@ def moe_decode_down(
     if codes.device != act.device:
         raise ValueError(f"w2 is on {codes.device}, act on {act.device}")
     e = w2.num_experts
-    config = _pick_config(config, m, top_k, e, h, inter, w_fmt)
+    config = _pick_config(config, m, top_k, e, h, inter, w_fmt, act.device)
     if out is None:
         out = torch.empty(m, h, dtype=torch.bfloat16, device=act.device)
     elif (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16
@@ -761,6 +791,11 @@ def moe_decode_down(
         raise ValueError(f"out must be bf16 [M, H] = [{m}, {h}] contiguous along H, got "
                          f"{getattr(out, 'dtype', None)} {tuple(getattr(out, 'shape', ()))}")
     if m == 0 or h == 0:
+        return out
+    if config.engine == "mma":
+        from .moe_decode_sm90 import down_mma_launch
+
+        down_mma_launch(act, topk_ids, topk_weights, w2, out, config.tokens, config.block_h // 16)
         return out
     dot = config.engine == "dot"
     grid = (triton.cdiv(h, config.block_h), triton.cdiv(m, config.tokens) if dot else m)
@@ -799,7 +834,8 @@ def moe_decode(
     m = hidden.shape[0]
     top_k = _check_routing(topk_ids, topk_weights, m, hidden.device)
     if config is None:
-        config = moe_decode_config(m, top_k, w13.num_experts, w13.k, w13.n // 2, _weight_format(w13))
+        config = moe_decode_config(m, top_k, w13.num_experts, w13.k, w13.n // 2, _weight_format(w13),
+                                   is_sm90_native(hidden.device))
     act = moe_decode_gate_up(hidden, topk_ids, w13, config=config)
     return moe_decode_down(act, topk_ids, topk_weights, w2, out=out, config=config)
 
