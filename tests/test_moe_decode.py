@@ -272,7 +272,7 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
         pytest.skip("the mma engine takes INT4 weights only (test_mma_engine_refusals)")
     e, h, inter, m, k = 8, 256, 128, 4, 3
     cfg = {"heuristic": None, "fma": DecodeConfig("fma", 16, 16, 1, 4, 2),
-           "mma": DecodeConfig("mma", 32, 16, 8, 4, 2)}[engine]
+           "mma": DecodeConfig("mma", 32, 16, 8, 4, 6)}[engine]
     w13, w2, q13, q2, _, _ = _weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
     ids = random_topk_ids(m, k, e, generator=gen).cuda()
@@ -296,9 +296,10 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
 
 # --------------------------------------------------------------------------- mma engine (sm_90)
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_i,block_h,tokens", [(32, 16, 8), (16, 32, 16), (32, 64, 32), (16, 16, 8)])
-@pytest.mark.parametrize("h,inter", [(160, 96), (600, 300)])
-def test_mma_engine_matches_reference_with_routing_edges(h, inter, block_i, block_h, tokens, gen):
+@pytest.mark.parametrize("block_i,block_h,tokens,stages", [(32, 16, 8, 4), (16, 32, 16, 6), (32, 64, 32, 3),
+                                                           (16, 16, 8, 8)])
+@pytest.mark.parametrize("h,inter", [(160, 96), (608, 288)])
+def test_mma_engine_matches_reference_with_routing_edges(h, inter, block_i, block_h, tokens, stages, gen):
     """The Gluon tensor-core engine against the reference with the routing edges of the Triton
     engines' test; K of one step (H=160, I=96: past-K activations masked) and of several, odd
     and even (H=600: three steps, the last dead in the two-step ring; I=300: two), neuron and
@@ -327,7 +328,7 @@ def test_mma_engine_hot_expert_and_token_blocks(m, tokens, gen):
     40 tokens x 4 slots cross the 64-route scan chunk; m > tokens makes several down token
     blocks; the last expert is empty."""
     e, h, inter, k = 5, 520, 200, 4
-    cfg = DecodeConfig("mma", 32, 32, tokens, 4, 2)
+    cfg = DecodeConfig("mma", 32, 32, tokens, 4, 4)
     w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e - 1, generator=gen, hot_expert=0)
@@ -361,15 +362,17 @@ def test_mma_engine_refusals(gen):
     """The mma engine: tiles outside its set, MXFP8 weights, and (on the CPU tier) a device
     that cannot run Gluon are refused with clear errors."""
     with pytest.raises(ValueError, match="engine 'mma'"):
-        md._validate_config(DecodeConfig("mma", 64, 16, 8, 4, 2))
+        md._validate_config(DecodeConfig("mma", 64, 16, 8, 4, 6))
     with pytest.raises(ValueError, match="engine 'mma'"):
-        md._validate_config(DecodeConfig("mma", 32, 16, 4, 4, 2))
+        md._validate_config(DecodeConfig("mma", 32, 16, 4, 4, 6))
+    with pytest.raises(ValueError, match="num_stages"):
+        md._validate_config(DecodeConfig("mma", 32, 16, 8, 4, 2))
     e, h, inter, k = 2, 64, 32, 1
     w13, w2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, "cpu")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = torch.zeros(1, k, dtype=torch.int32)
     with pytest.raises(ValueError, match="INT4"):
-        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 2))
+        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 6))
     w13, w2, _, _, _, _ = _weights("int4", e, h, inter, gen, "cpu")
     with pytest.raises(ValueError, match="CUDA"):
-        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 2))
+        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 6))

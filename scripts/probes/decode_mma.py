@@ -35,7 +35,7 @@ def main() -> None:
     w13 = pack_w4a16(make_weight(E, 2 * I, H, "cuda"))
     w2 = pack_w4a16(make_weight(E, H, I, "cuda"))
     gen = torch.Generator().manual_seed(7)
-    tiles = [(32, 16), (16, 16), (32, 32), (16, 32), (32, 64)]
+    tiles = [(16, 16, 4), (16, 16, 6), (16, 16, 8), (32, 16, 6), (16, 32, 6), (32, 32, 6)]
     print(f"{'M':>3} {'hit':>4} {'tile':>16} {'gate_up us':>10} {'TB/s':>5} {'down us':>8} {'TB/s':>5} "
           f"{'sum':>7} {'floor':>6} {'err act':>8} {'err out':>8}", flush=True)
     for m in batches:
@@ -54,13 +54,13 @@ def main() -> None:
         print(f"{m:>3} {hit:>4} {tri.engine + ' (triton)':>16} {t_gu:>10.1f} {b_gu / t_gu / 1e6:>5.2f} {t_dn:>8.1f} "
               f"{b_dn / t_dn / 1e6:>5.2f} {t_gu + t_dn:>7.1f} {floor:>6.1f}", flush=True)
         tokens = 8 if m <= 8 else (16 if m <= 16 else 32)
-        for bi, bh in tiles:
-            cfg = DecodeConfig("mma", bi, bh, tokens, 4, 2)
+        for bi, bh, stg in tiles:
+            cfg = DecodeConfig("mma", bi, bh, tokens, 4, stg)
             act = moe_decode_gate_up(hidden, ids, w13, config=cfg)
             out = moe_decode_down(act_t, ids, tw, w2, config=cfg)
             t_gu = _us(lambda: moe_decode_gate_up(hidden, ids, w13, out=act, config=cfg))
             t_dn = _us(lambda: moe_decode_down(act_t, ids, tw, w2, out=out, config=cfg))
-            print(f"{m:>3} {hit:>4} {f'mma {bi}/{bh}/T{tokens}':>16} {t_gu:>10.1f} {b_gu / t_gu / 1e6:>5.2f} "
+            print(f"{m:>3} {hit:>4} {f'mma {bi}/{bh}/T{tokens}/s{stg}':>16} {t_gu:>10.1f} {b_gu / t_gu / 1e6:>5.2f} "
                   f"{t_dn:>8.1f} {b_dn / t_dn / 1e6:>5.2f} {t_gu + t_dn:>7.1f} {floor:>6.1f} "
                   f"{_rel(act, act_t):>8.1e} {_rel(out, out_t):>8.1e}", flush=True)
 

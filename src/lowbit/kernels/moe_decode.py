@@ -514,9 +514,9 @@ _TILES = {
     # MXFP8 dot, M=8: 64/32/4w/2s 1167.6 us; 64/64/4w/3s 1390.3; 32/32 1382.7; 128/64/8w 1703.3
     ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
     # mma (`moe_decode_sm90`): block_i = 8 x gate_up warps (half the warps gate rows, half up
-    # rows), block_h = 16 x down warps; num_warps / num_stages are not used (the register ring
-    # is two steps); tokens = the down kernel's token block (gate_up gathers 8 routes a pass)
-    ("mma", "int4"): (32, 16, 4, 2, "not yet measured"),
+    # rows), block_h = 16 x down warps; num_stages = the cp.async weight ring's depth; num_warps
+    # unused; tokens = the down kernel's token block (gate_up gathers 8 routes a pass)
+    ("mma", "int4"): (16, 16, 4, 6, "not yet measured"),
 }
 _WEIGHT_FORMATS = ("int4", "mxfp8")
 
@@ -548,6 +548,8 @@ def _validate_config(cfg: DecodeConfig) -> None:
             raise ValueError(f"decode engine 'mma': block_i in (16, 32) (2 or 4 warps), block_h in (16, 32, 64) "
                              f"(1, 2 or 4 warps), tokens in (8, 16, 32), got block_i={cfg.block_i} "
                              f"block_h={cfg.block_h} tokens={cfg.tokens}")
+        if cfg.num_stages not in (3, 4, 5, 6, 8):
+            raise ValueError(f"decode engine 'mma': num_stages (the cp.async ring) in 3..8, got {cfg.num_stages}")
         return
     for name in ("block_i", "block_h"):
         v = getattr(cfg, name)
@@ -736,7 +738,7 @@ def moe_decode_gate_up(
     if config.engine == "mma":
         from .moe_decode_sm90 import gate_up_mma_launch
 
-        gate_up_mma_launch(hidden, topk_ids, w13, out, 8, config.block_i // 8)
+        gate_up_mma_launch(hidden, topk_ids, w13, out, 8, config.block_i // 8, config.num_stages)
         return out
     grid = (triton.cdiv(inter, config.block_i), m * top_k)
     _gate_up_kernel[grid](
@@ -795,7 +797,7 @@ def moe_decode_down(
     if config.engine == "mma":
         from .moe_decode_sm90 import down_mma_launch
 
-        down_mma_launch(act, topk_ids, topk_weights, w2, out, config.tokens, config.block_h // 16)
+        down_mma_launch(act, topk_ids, topk_weights, w2, out, config.tokens, config.block_h // 16, config.num_stages)
         return out
     dot = config.engine == "dot"
     grid = (triton.cdiv(h, config.block_h), triton.cdiv(m, config.tokens) if dot else m)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .int4_dequant import dequant_byte_ptx
 from .w4a16_sm90 import _dequant_byte
@@ -65,21 +65,37 @@ def _add(a, b):
 
 
 @gluon.jit
-def _load_step(w_rows, s_rows, row_ok, kt, live, stride_sg):
-    """Packed words ``[BW, 32]`` of 256-wide K step `kt` (in `w_rows`' A-fragment layout) and the
-    eight groups' scales (``[BW]`` each, the fragments' row layout); zeros when not `live`."""
-    ok = row_ok & live
-    words = gl.load(w_rows + kt * 32, mask=ok[:, None], other=0)
-    sp = s_rows + kt * 8 * stride_sg
-    s0 = gl.load(sp, mask=ok, other=0.0)
-    s1 = gl.load(sp + stride_sg, mask=ok, other=0.0)
-    s2 = gl.load(sp + 2 * stride_sg, mask=ok, other=0.0)
-    s3 = gl.load(sp + 3 * stride_sg, mask=ok, other=0.0)
-    s4 = gl.load(sp + 4 * stride_sg, mask=ok, other=0.0)
-    s5 = gl.load(sp + 5 * stride_sg, mask=ok, other=0.0)
-    s6 = gl.load(sp + 6 * stride_sg, mask=ok, other=0.0)
-    s7 = gl.load(sp + 7 * stride_sg, mask=ok, other=0.0)
-    return words, (s0, s1, s2, s3, s4, s5, s6, s7)
+def _ring_fill(wring, sring, st, w_rows, s_rows, row_ok, s_ok, kt, live, stride_sg):
+    """cp.async of 256-wide K step `kt` into stage `st`: the packed words ``[BW, 32]`` (`w_rows`,
+    in the A-fragment layout: each thread copies the pieces it will read back) and the eight
+    groups' scales ``[8, BW]`` (`s_rows`, 4-byte pieces); zero-filled when not `live`. One
+    commit group."""
+    async_copy.async_copy_global_to_shared(wring.index(st), w_rows + kt * 32, mask=row_ok[:, None] & live)
+    async_copy.async_copy_global_to_shared(sring.index(st), s_rows + kt * 8 * stride_sg, mask=s_ok & live)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _ring_read(wring, sring, st, dot_a: gl.constexpr):
+    """Stage `st`: the words in the A-fragment layout and the eight groups' ``[BW]`` scales in
+    the fragments' row layout."""
+    words = wring.index(st).load(dot_a)
+    BW: gl.constexpr = wring.shape[1]
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sc = sring.index(st)._reinterpret(gl.bfloat16, [8 * BW], flat)
+    srow: gl.constexpr = gl.SliceLayout(1, dot_a)
+    return words, (sc.slice(0, BW).load(srow), sc.slice(BW, BW).load(srow), sc.slice(2 * BW, BW).load(srow),
+                   sc.slice(3 * BW, BW).load(srow), sc.slice(4 * BW, BW).load(srow), sc.slice(5 * BW, BW).load(srow),
+                   sc.slice(6 * BW, BW).load(srow), sc.slice(7 * BW, BW).load(srow))
+
+
+@gluon.jit
+def _rings(BW: gl.constexpr, STAGES: gl.constexpr):
+    """The STAGES-deep weight ring: words ``[STAGES, BW, 32]`` i32 (8-byte pieces XOR-swizzled
+    by row, so a warp's fragment reads spread over the banks) and scales ``[STAGES, 8, BW]`` bf16."""
+    wring = gl.allocate_shared_memory(gl.int32, [STAGES, BW, 32], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
+    sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8, BW], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    return wring, sring
 
 
 @gluon.jit
@@ -102,7 +118,7 @@ def _gate_up_mma_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     num_routes, top_k, num_experts, H, I, nk,
     stride_xm, stride_am,
-    TOKENS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, num_warps: gl.constexpr,
+    TOKENS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (ib, r): neurons ``ib * BLOCK_I ..`` of the routes of expert ``topk_ids.flat[r]``
     when r is that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
@@ -117,6 +133,7 @@ def _gate_up_mma_kernel(
     scan: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])  # [BLOCK_I, TOKENS]
+    s_l: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, num_warps], [1, 0])  # [8, BW] scale copies
     pid_i = gl.program_id(0)
     r = gl.program_id(1)
     i0 = pid_i * BLOCK_I
@@ -148,7 +165,14 @@ def _gate_up_mma_kernel(
     row_ok = neuron < I
     cols_a = gl.arange(0, 32, layout=gl.SliceLayout(0, dot_a))
     w_rows = w_ptr + e64 * (2 * I) * stride_wn + w_row.to(gl.int64)[:, None] * stride_wn + cols_a[None, :]
-    s_rows = s_ptr + e64 * (nk * 8) * stride_sg + w_row
+    # the scales' copy layout: [8 groups, BW rows], two rows (4 bytes) a piece
+    m_s = gl.arange(0, BW, layout=gl.SliceLayout(0, s_l))
+    n_s = i0 + m_s % BLOCK_I
+    s_row = gl.where(m_s < BLOCK_I, n_s, I + n_s)
+    g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, s_l))
+    s_rows = s_ptr + e64 * (nk * 8) * stride_sg + g_s[:, None] * stride_sg + s_row[None, :]
+    s_ok = (n_s < I)[None, :] & (g_s < 8)[:, None]
+    wring, sring = _rings(BW, STAGES)
     kk = gl.arange(0, 32, layout=gl.SliceLayout(1, dot_b))
     pair = gl.allocate_shared_memory(gl.float32, [BW, TOKENS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     want_l: gl.constexpr = gl.SliceLayout(1, scan)
@@ -173,15 +197,16 @@ def _gate_up_mma_kernel(
 
         acc_e = gl.zeros([BW, TOKENS], gl.float32, mma)
         acc_o = gl.zeros([BW, TOKENS], gl.float32, mma)
-        # two-step register ring: ring slot 0 holds the even steps, slot 1 the odd ones; an odd
-        # nk ends on a dead step (zero words and scales: it adds exact zeros)
-        w0, s0 = _load_step(w_rows, s_rows, row_ok, 0, 0 < nk, stride_sg)
-        w1, s1 = _load_step(w_rows, s_rows, row_ok, 1, 1 < nk, stride_sg)
-        for kt in range(0, nk, 2):
-            acc_e, acc_o = _step_mma(w0, s0, x_base, kt * 256, H, ok_b, kk, acc_e, acc_o)
-            w0, s0 = _load_step(w_rows, s_rows, row_ok, kt + 2, kt + 2 < nk, stride_sg)
-            acc_e, acc_o = _step_mma(w1, s1, x_base, (kt + 1) * 256, H, ok_b, kk, acc_e, acc_o)
-            w1, s1 = _load_step(w_rows, s_rows, row_ok, kt + 3, kt + 3 < nk, stride_sg)
+        for st in gl.static_range(STAGES - 1):
+            _ring_fill(wring, sring, st, w_rows, s_rows, row_ok, s_ok, st, st < nk, stride_sg)
+        for kt in range(0, nk):
+            async_copy.wait_group(STAGES - 2)  # step kt landed (this thread's copies)
+            gl.thread_barrier()  # every thread's copies landed; stage (kt - 1) % STAGES is read
+            nxt = kt + STAGES - 1
+            _ring_fill(wring, sring, nxt % STAGES, w_rows, s_rows, row_ok, s_ok, nxt, nxt < nk, stride_sg)
+            words, scales = _ring_read(wring, sring, kt % STAGES, dot_a)
+            acc_e, acc_o = _step_mma(words, scales, x_base, kt * 256, H, ok_b, kk, acc_e, acc_o)
+        async_copy.wait_group(0)
         pair.store(acc_e + acc_o)
         gl.thread_barrier()
         g = pair.slice(0, BLOCK_I, dim=0).load(out_l)
@@ -206,7 +231,7 @@ def _down_mma_kernel(
     act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
     stride_om,
-    TOKENS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, num_warps: gl.constexpr,
+    TOKENS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (hb, tb): outputs ``hb * BLOCK_H ..`` of tokens ``tb * TOKENS ..``. W2 words
     ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous."""
@@ -216,6 +241,7 @@ def _down_mma_kernel(
     dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     tile: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])  # [32 slots, TOKENS]
+    s_l: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, num_warps], [1, 0])  # [8, BLOCK_H] scale copies
     pid_h = gl.program_id(0)
     t0 = gl.program_id(1) * TOKENS
     h0 = pid_h * BLOCK_H
@@ -241,46 +267,48 @@ def _down_mma_kernel(
     cols_a = gl.arange(0, 32, layout=gl.SliceLayout(0, dot_a))
     row_ok = rows_a < H
     w_rows0 = w_ptr + rows_a.to(gl.int64)[:, None] * stride_wn + cols_a[None, :]
-    s_rows0 = s_ptr + rows_a
+    h_s = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_l))
+    g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, s_l))
+    s_rows0 = s_ptr + g_s[:, None] * stride_sg + h_s[None, :]
+    s_ok = (h_s < H)[None, :] & (g_s < 8)[:, None]
     w_e = H.to(gl.int64) * stride_wn  # words a expert
     s_e = nk * 8 * stride_sg
     kk = gl.arange(0, 32, layout=gl.SliceLayout(1, dot_b))
     tok_b = t0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, dot_b))
+    wring, sring = _rings(BLOCK_H, STAGES)
 
     acc = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
     part_e = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
     part_o = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
-    e_a = _visit_expert(present, rank, bins, 0, nk).to(gl.int64)
-    w0, sc0 = _load_step(w_rows0 + e_a * w_e, s_rows0 + e_a * s_e, row_ok, 0, 0 < n_steps, stride_sg)
-    e_b = _visit_expert(present, rank, bins, 1, nk).to(gl.int64)
-    w1, sc1 = _load_step(w_rows0 + e_b * w_e, s_rows0 + e_b * s_e, row_ok, 1 % nk, 1 < n_steps, stride_sg)
-    for s in range(0, n_steps, 2):
-        for half in gl.static_range(2):
-            st = s + half
-            e = _visit_expert(present, rank, bins, st, nk)
-            kt = st % nk
-            # this expert's activation row of each token (its first slot with e), 0 if none
-            match = ids2 == e
-            slot = gl.min(gl.where(match, jj[:, None], 32), axis=0)
-            slot_b = gl.convert_layout(slot, gl.SliceLayout(0, dot_b))
-            has_b = (slot_b < 32) & (st < n_steps)
-            x_base = act_ptr + ((tok_b * top_k + slot_b) * I).to(gl.int64)[None, :] + kk[:, None]
-            if half == 0:
-                part_e, part_o = _step_mma(w0, sc0, x_base, kt * 256, I, has_b, kk, part_e, part_o)
-                e_n = _visit_expert(present, rank, bins, st + 2, nk).to(gl.int64)
-                w0, sc0 = _load_step(w_rows0 + e_n * w_e, s_rows0 + e_n * s_e, row_ok, (st + 2) % nk,
-                                     st + 2 < n_steps, stride_sg)
-            else:
-                part_e, part_o = _step_mma(w1, sc1, x_base, kt * 256, I, has_b, kk, part_e, part_o)
-                e_n = _visit_expert(present, rank, bins, st + 2, nk).to(gl.int64)
-                w1, sc1 = _load_step(w_rows0 + e_n * w_e, s_rows0 + e_n * s_e, row_ok, (st + 2) % nk,
-                                     st + 2 < n_steps, stride_sg)
-            if kt == nk - 1:  # the expert's last step: fold its routing weights in, per token
-                coef = gl.sum(gl.where(match, tw2, 0.0), axis=0)
-                coef_m = gl.convert_layout(coef, gl.SliceLayout(0, mma))
-                acc += (part_e + part_o) * coef_m[None, :]
-                part_e = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
-                part_o = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
+    # one flat loop over (expert visit, K step), so the ring runs across expert boundaries
+    for st in gl.static_range(STAGES - 1):
+        e_n = _visit_expert(present, rank, bins, st, nk).to(gl.int64)
+        _ring_fill(wring, sring, st, w_rows0 + e_n * w_e, s_rows0 + e_n * s_e, row_ok, s_ok,
+                   st % nk, st < n_steps, stride_sg)
+    for st in range(0, n_steps):
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()
+        nxt = st + STAGES - 1
+        e_n = _visit_expert(present, rank, bins, nxt, nk).to(gl.int64)
+        _ring_fill(wring, sring, nxt % STAGES, w_rows0 + e_n * w_e, s_rows0 + e_n * s_e, row_ok, s_ok, nxt % nk,
+                   nxt < n_steps, stride_sg)
+        e = _visit_expert(present, rank, bins, st, nk)
+        kt = st % nk
+        # this expert's activation row of each token (its first slot with e); masked if none
+        match = ids2 == e
+        slot = gl.min(gl.where(match, jj[:, None], 32), axis=0)
+        slot_b = gl.convert_layout(slot, gl.SliceLayout(0, dot_b))
+        has_b = slot_b < 32
+        x_base = act_ptr + ((tok_b * top_k + slot_b) * I).to(gl.int64)[None, :] + kk[:, None]
+        words, scales = _ring_read(wring, sring, st % STAGES, dot_a)
+        part_e, part_o = _step_mma(words, scales, x_base, kt * 256, I, has_b, kk, part_e, part_o)
+        if kt == nk - 1:  # the expert's last step: fold its routing weights in, per token
+            coef = gl.sum(gl.where(match, tw2, 0.0), axis=0)
+            coef_m = gl.convert_layout(coef, gl.SliceLayout(0, mma))
+            acc += (part_e + part_o) * coef_m[None, :]
+            part_e = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
+            part_o = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
+    async_copy.wait_group(0)
     rows_m = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
     tok_m = t0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, mma))
     o = out_ptr + tok_m.to(gl.int64)[None, :] * stride_om + rows_m[:, None]
@@ -288,7 +316,7 @@ def _down_mma_kernel(
 
 
 # =========================================================================== launchers
-def gate_up_mma_launch(hidden, topk_ids, w13, out, tokens: int, num_warps: int) -> None:
+def gate_up_mma_launch(hidden, topk_ids, w13, out, tokens: int, num_warps: int, stages: int) -> None:
     """`moe_decode_gate_up` on the mma engine (arguments checked by the caller). hidden
     ``bf16 [M, H]``; topk_ids ``int32 [M, k]``; w13 a `W4A16Weight` ``[E, 2I, H]``; out
     ``bf16 [M, k, I]`` contiguous."""
@@ -302,11 +330,11 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, tokens: int, num_warps: int) 
         hidden, topk_ids, w13.qweight, w13.scales, out,
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
-        TOKENS=tokens, ROUTE_CHUNK=ROUTE_CHUNK, num_warps=num_warps,
+        TOKENS=tokens, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, num_warps=num_warps,
     )
 
 
-def down_mma_launch(act, topk_ids, topk_weights, w2, out, tokens: int, num_warps: int) -> None:
+def down_mma_launch(act, topk_ids, topk_weights, w2, out, tokens: int, num_warps: int, stages: int) -> None:
     """`moe_decode_down` on the mma engine (arguments checked by the caller). act ``bf16 [M, k, I]``
     contiguous; topk_ids ``int32 [M, k]``; topk_weights ``fp32 [M, k]``; w2 a `W4A16Weight`
     ``[E, H, I]``; out ``bf16 [M, H]`` contiguous along H."""
@@ -322,13 +350,14 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, tokens: int, num_warps
         m, top_k, w2.num_experts, h, inter, nk,
         out.stride(0),
         TOKENS=tokens, POS=triton.next_power_of_2(tokens * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
-        num_warps=num_warps,
+        STAGES=stages, num_warps=num_warps,
     )
 
 
 # =========================================================================== compile tier
 #: (tokens, num_warps) tiles the heuristics can pick, per stage.
-MMA_TILES = ((8, 2), (8, 4), (16, 2), (16, 4), (32, 2), (32, 4))
+MMA_TILES = ((8, 1), (8, 2), (8, 4), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4))
+MMA_STAGES = (4, 6)
 
 
 def compile_configs():
@@ -338,17 +367,21 @@ def compile_configs():
     gate_up_sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
                    "stride_xm": "i32", "stride_am": "i32",
-                   "TOKENS": "constexpr", "ROUTE_CHUNK": "constexpr", "num_warps": "constexpr"}
+                   "TOKENS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr",
+                   "num_warps": "constexpr"}
     down_sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*bf16",
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "TOKENS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
-                "num_warps": "constexpr"}
+                "STAGES": "constexpr", "num_warps": "constexpr"}
     out = []
-    for tokens, warps in MMA_TILES:
-        out.append(KernelConfig(f"moe_decode_gate_up_mma[T={tokens},w={warps}]", _gate_up_mma_kernel, gate_up_sig,
-                                {"TOKENS": tokens, "ROUTE_CHUNK": ROUTE_CHUNK, "num_warps": warps}, num_warps=warps,
-                                expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
-        out.append(KernelConfig(f"moe_decode_down_mma[T={tokens},w={warps}]", _down_mma_kernel, down_sig,
-                                {"TOKENS": tokens, "POS": triton.next_power_of_2(tokens * 8), "E_P2": 64, "num_warps": warps},
+    for (tokens, warps), stages in ((t, st) for t in MMA_TILES for st in MMA_STAGES):
+        tag = f"T={tokens},w={warps},s={stages}"
+        if warps > 1 and tokens == 8:  # gate_up gathers 8 routes a pass; two or four warps
+            out.append(KernelConfig(f"moe_decode_gate_up_mma[{tag}]", _gate_up_mma_kernel, gate_up_sig,
+                                    {"TOKENS": tokens, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages, "num_warps": warps},
+                                    num_warps=warps, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
+        out.append(KernelConfig(f"moe_decode_down_mma[{tag}]", _down_mma_kernel, down_sig,
+                                {"TOKENS": tokens, "POS": triton.next_power_of_2(tokens * 8), "E_P2": 64,
+                                 "STAGES": stages, "num_warps": warps},
                                 num_warps=warps, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
     return out
