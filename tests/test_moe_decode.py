@@ -301,11 +301,11 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
 @pytest.mark.parametrize("h,inter", [(160, 96), (608, 288)])
 def test_mma_engine_matches_reference_with_routing_edges(h, inter, block_i, block_h, tokens, stages, gen):
     """The Gluon tensor-core engine against the reference with the routing edges of the Triton
-    engines' test; K of one step (H=160, I=96: past-K activations masked) and of several, odd
-    and even (H=600: three steps, the last dead in the two-step ring; I=300: two), neuron and
-    output counts that are not multiples of the tiles."""
+    engines' test; K of one step (H=160, I=96: past-K activations masked) and of several
+    (H=608: three steps; I=288: two, fewer than the ring's stages), neuron and output counts
+    that are not multiples of the tiles; ring depths 3 to 8."""
     e, m, k = 6, 5, 3
-    cfg = DecodeConfig("mma", block_i, block_h, tokens, 4, 2)
+    cfg = DecodeConfig("mma", block_i, block_h, tokens, 4, stages)
     w13, w2, q13, q2, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids, tw, ref_ids = _edge_routing(m, k, e, gen)
@@ -327,7 +327,7 @@ def test_mma_engine_hot_expert_and_token_blocks(m, tokens, gen):
     """Every token's first slot on expert 0: its gate_up owner gathers m routes in passes of 8;
     40 tokens x 4 slots cross the 64-route scan chunk; m > tokens makes several down token
     blocks; the last expert is empty."""
-    e, h, inter, k = 5, 520, 200, 4
+    e, h, inter, k = 5, 544, 224, 4
     cfg = DecodeConfig("mma", 32, 32, tokens, 4, 4)
     w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)

@@ -46,7 +46,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .int4_dequant import dequant_byte_ptx
-from .w4a16_sm90 import _dequant_byte
+from .w4a16_sm90 import _dequant_byte, _gather_layout, _stage_boxes
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_TILES"]
 
@@ -68,11 +68,9 @@ def _add(a, b):
 def _ring_fill(wring, sring, st, w_rows, s_rows, row_ok, s_ok, kt, live, stride_sg):
     """cp.async of 256-wide K step `kt` into stage `st`: the packed words ``[BW, 32]`` (`w_rows`,
     in the A-fragment layout: each thread copies the pieces it will read back) and the eight
-    groups' scales ``[8, BW]`` (`s_rows`, 4-byte pieces); zero-filled when not `live`. One
-    commit group."""
+    groups' scales ``[8, BW]`` (`s_rows`, 4-byte pieces); zero-filled when not `live`."""
     async_copy.async_copy_global_to_shared(wring.index(st), w_rows + kt * 32, mask=row_ok[:, None] & live)
     async_copy.async_copy_global_to_shared(sring.index(st), s_rows + kt * 8 * stride_sg, mask=s_ok & live)
-    async_copy.commit_group()
 
 
 @gluon.jit
@@ -90,23 +88,26 @@ def _ring_read(wring, sring, st, dot_a: gl.constexpr):
 
 
 @gluon.jit
-def _rings(BW: gl.constexpr, STAGES: gl.constexpr):
-    """The STAGES-deep weight ring: words ``[STAGES, BW, 32]`` i32 (8-byte pieces XOR-swizzled
-    by row, so a warp's fragment reads spread over the banks) and scales ``[STAGES, 8, BW]`` bf16."""
-    wring = gl.allocate_shared_memory(gl.int32, [STAGES, BW, 32], gl.SwizzledSharedLayout(2, 1, 8, [1, 0]))
+def _rings(BW: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr):
+    """The STAGES-deep rings: words ``[STAGES, BW, 32]`` i32 (32-byte units XOR-swizzled by row
+    mod 4: a half-warp's 8-byte fragment reads, 4 rows x 4 lanes, then hit all 32 banks once;
+    an XOR of 8-byte units by row mod 8 left them 4-way conflicted), scales ``[STAGES, 8, BW]`` bf16 and
+    the B rows ``[STAGES * 8, T, 32]`` bf16 (read back by ldmatrix)."""
+    wring = gl.allocate_shared_memory(gl.int32, [STAGES, BW, 32], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
     sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8, BW], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    return wring, sring
+    xring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 8, T, 32],
+                                      gl.NVMMASharedLayout.get_default_for([T, 32], gl.bfloat16))
+    return wring, sring, xring
 
 
 @gluon.jit
-def _step_mma(words, scales, x_base, k0, K, x_ok, kk, acc_e, acc_o):
-    """One 256-wide K step from ``k0``: groups 2j / 2j + 1 into the even / odd accumulator (two
-    chains, so consecutive mma.sync do not wait on each other). x_base: ``[32, T]`` pointers
-    to K 0.. of the B columns (the B fragment layout); x_ok: ``[T]`` live columns."""
+def _step_mma(words, scales, xring, st, dot_b: gl.constexpr, acc_e, acc_o):
+    """One 256-wide K step: groups 2j / 2j + 1 into the even / odd accumulator (two chains, so
+    consecutive mma.sync do not wait on each other); the B operands are stage `st` of the
+    activation ring (eight ``[T, 32]`` boxes, read as ``[32, T]`` fragments)."""
     for j in gl.static_range(4):
-        k = k0 + 64 * j + kk
-        xe = gl.load(x_base + (k0 + 64 * j), mask=(k < K)[:, None] & x_ok[None, :], other=0.0)
-        xo = gl.load(x_base + (k0 + 64 * j + 32), mask=(k + 32 < K)[:, None] & x_ok[None, :], other=0.0)
+        xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
+        xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
         w_e, w_o = _dequant_byte(words, scales[2 * j][:, None], scales[2 * j + 1][:, None], dequant_byte_ptx(j))
         acc_e = mma_v2(w_e, xe, acc_e)
         acc_o = mma_v2(w_o, xo, acc_o)
@@ -114,11 +115,24 @@ def _step_mma(words, scales, x_base, k0, K, x_ok, kk, acc_e, acc_o):
 
 
 @gluon.jit
+def _x_fill(xring, st, x_rows, x_ok, kt, K, live, x_l: gl.constexpr):
+    """cp.async of K step `kt` of the B rows into stage `st` of the activation ring (eight
+    ``[T, 32]`` boxes, group g = K ``256kt + 32g ..``); x_rows / x_ok: ``[1, T, 1]`` row
+    pointers and live rows. Dead rows and K past the end are zero-filled. Committed with the
+    weights' copies of the same step."""
+    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
+    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
+    k0 = kt * 256 + g * 32  # K is a multiple of 32: a group is all in or all out
+    async_copy.async_copy_global_to_shared(_stage_boxes(xring, st), x_rows + (k0 + j), mask=x_ok & (k0 < K) & live)
+
+
+@gluon.jit
 def _gate_up_mma_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     num_routes, top_k, num_experts, H, I, nk,
     stride_xm, stride_am,
-    TOKENS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    TOKENS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (ib, r): neurons ``ib * BLOCK_I ..`` of the routes of expert ``topk_ids.flat[r]``
     when r is that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
@@ -172,8 +186,7 @@ def _gate_up_mma_kernel(
     g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, s_l))
     s_rows = s_ptr + e64 * (nk * 8) * stride_sg + g_s[:, None] * stride_sg + s_row[None, :]
     s_ok = (n_s < I)[None, :] & (g_s < 8)[:, None]
-    wring, sring = _rings(BW, STAGES)
-    kk = gl.arange(0, 32, layout=gl.SliceLayout(1, dot_b))
+    wring, sring, xring = _rings(BW, TOKENS, STAGES)
     pair = gl.allocate_shared_memory(gl.float32, [BW, TOKENS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     want_l: gl.constexpr = gl.SliceLayout(1, scan)
     for grp in range(0, gl.cdiv(n_members, TOKENS)):
@@ -191,22 +204,28 @@ def _gate_up_mma_kernel(
             route += gl.sum(gl.where(sel, rr[None, :], 0), axis=1)
             base += gl.sum(hit.to(gl.int32), axis=0)
         col_ok = want < n_members
-        route_b = gl.convert_layout(route, gl.SliceLayout(0, dot_b))
-        ok_b = gl.convert_layout(col_ok, gl.SliceLayout(0, dot_b))
-        x_base = x_ptr + (route_b // top_k).to(gl.int64)[None, :] * stride_xm + kk[:, None]
+        xrow_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, X_LAYOUT))
+        route_x = gl.convert_layout(route, xrow_l)
+        x_rows = (x_ptr + (route_x // top_k).to(gl.int64) * stride_xm)[None, :, None]
+        x_ok = gl.convert_layout(col_ok, xrow_l)[None, :, None]
 
         acc_e = gl.zeros([BW, TOKENS], gl.float32, mma)
         acc_o = gl.zeros([BW, TOKENS], gl.float32, mma)
         for st in gl.static_range(STAGES - 1):
             _ring_fill(wring, sring, st, w_rows, s_rows, row_ok, s_ok, st, st < nk, stride_sg)
+            _x_fill(xring, st, x_rows, x_ok, st, H, st < nk, X_LAYOUT)
+            async_copy.commit_group()
         for kt in range(0, nk):
             async_copy.wait_group(STAGES - 2)  # step kt landed (this thread's copies)
             gl.thread_barrier()  # every thread's copies landed; stage (kt - 1) % STAGES is read
             nxt = kt + STAGES - 1
             _ring_fill(wring, sring, nxt % STAGES, w_rows, s_rows, row_ok, s_ok, nxt, nxt < nk, stride_sg)
+            _x_fill(xring, nxt % STAGES, x_rows, x_ok, nxt, H, nxt < nk, X_LAYOUT)
+            async_copy.commit_group()
             words, scales = _ring_read(wring, sring, kt % STAGES, dot_a)
-            acc_e, acc_o = _step_mma(words, scales, x_base, kt * 256, H, ok_b, kk, acc_e, acc_o)
+            acc_e, acc_o = _step_mma(words, scales, xring, kt % STAGES, dot_b, acc_e, acc_o)
         async_copy.wait_group(0)
+        gl.thread_barrier()  # the next member group refills the rings
         pair.store(acc_e + acc_o)
         gl.thread_barrier()
         g = pair.slice(0, BLOCK_I, dim=0).load(out_l)
@@ -227,11 +246,35 @@ def _visit_expert(present, rank, bins, s, nk):
 
 
 @gluon.jit
+def _visit_rows(present, rank, bins, v, w_rows0, w_e, s_rows0, s_e, ids_x, jx, tok_x, M, top_k, act_ptr, I):
+    """Expert visit `v`'s copy sources: its words and scales pointers and, for each token of
+    the block, the act row of its first slot with that expert (``x_ok`` false: the token does
+    not use it, the row is zero-filled)."""
+    e64 = gl.sum(gl.where(present & (rank == v), bins, 0), axis=0).to(gl.int64)
+    slot = gl.min(gl.where(ids_x == e64.to(gl.int32), jx[:, None], 32), axis=0)
+    x_ok = (slot < 32) & (tok_x < M)
+    x_rows = act_ptr + ((tok_x * top_k + gl.where(x_ok, slot, 0)) * I).to(gl.int64)
+    return w_rows0 + e64 * w_e, s_rows0 + e64 * s_e, x_rows[None, :, None], x_ok[None, :, None]
+
+
+@gluon.jit
+def _down_fill(wring, sring, xring, st, kt, live, w_rows, s_rows, x_rows, x_ok, row_ok, s_ok, stride_sg, I,
+               X_LAYOUT: gl.constexpr):
+    """The copies of flat step `st` (K step `kt` of its expert visit, sources from `_visit_rows`)
+    into its stage. One commit group."""
+    STAGES: gl.constexpr = wring.shape[0]
+    _ring_fill(wring, sring, st % STAGES, w_rows, s_rows, row_ok, s_ok, kt, live, stride_sg)
+    _x_fill(xring, st % STAGES, x_rows, x_ok, kt, I, live, X_LAYOUT)
+    async_copy.commit_group()
+
+
+@gluon.jit
 def _down_mma_kernel(
     act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
     stride_om,
-    TOKENS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    TOKENS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (hb, tb): outputs ``hb * BLOCK_H ..`` of tokens ``tb * TOKENS ..``. W2 words
     ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous."""
@@ -254,12 +297,18 @@ def _down_mma_kernel(
     rank = gl.associative_scan(present.to(gl.int32), 0, _add) - 1
     bins = gl.arange(0, E_P2, layout=flat)
     n_steps = gl.sum(present.to(gl.int32), axis=0) * nk
-    # slot j x token c of the block, for the per-expert column gather and routing weights
+    # slot j x token c of the block: the routing weights (`tile`) and, in the B copies' row
+    # layout, the ids (which act row of each token an expert reads)
     jj = gl.arange(0, 32, layout=gl.SliceLayout(1, tile))
     cc = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, tile))
     slot_ok = (jj < top_k)[:, None] & ((t0 + cc) < M)[None, :]
     ids2 = gl.load(ids_ptr + (t0 + cc)[None, :] * top_k + jj[:, None], mask=slot_ok, other=-1)
     tw2 = gl.load(tw_ptr + (t0 + cc)[None, :] * top_k + jj[:, None], mask=slot_ok, other=0.0)
+    ids_x_l: gl.constexpr = gl.SliceLayout(2, X_LAYOUT)
+    jx = gl.arange(0, 32, layout=gl.SliceLayout(1, ids_x_l))
+    tok_x = t0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, ids_x_l))
+    ids_x = gl.load(ids_ptr + tok_x[None, :] * top_k + jx[:, None], mask=(jx < top_k)[:, None] & (tok_x < M)[None, :],
+                    other=-1)
 
     stride_wn = nk * 32
     stride_sg = H
@@ -273,36 +322,44 @@ def _down_mma_kernel(
     s_ok = (h_s < H)[None, :] & (g_s < 8)[:, None]
     w_e = H.to(gl.int64) * stride_wn  # words a expert
     s_e = nk * 8 * stride_sg
-    kk = gl.arange(0, 32, layout=gl.SliceLayout(1, dot_b))
-    tok_b = t0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, dot_b))
-    wring, sring = _rings(BLOCK_H, STAGES)
+    wring, sring, xring = _rings(BLOCK_H, TOKENS, STAGES)
 
     acc = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
     part_e = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
     part_o = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
     # one flat loop over (expert visit, K step), so the ring runs across expert boundaries
+    # the fill side walks (visit vf, step kf) STAGES - 1 steps ahead of the compute side
+    vf = 0
+    kf = 0
+    w_rows, s_rows, x_rows, x_ok = _visit_rows(present, rank, bins, 0, w_rows0, w_e, s_rows0, s_e, ids_x, jx, tok_x,
+                                               M, top_k, act_ptr, I)
     for st in gl.static_range(STAGES - 1):
-        e_n = _visit_expert(present, rank, bins, st, nk).to(gl.int64)
-        _ring_fill(wring, sring, st, w_rows0 + e_n * w_e, s_rows0 + e_n * s_e, row_ok, s_ok,
-                   st % nk, st < n_steps, stride_sg)
+        _down_fill(wring, sring, xring, st, kf, st < n_steps, w_rows, s_rows, x_rows, x_ok, row_ok, s_ok, stride_sg,
+                   I, X_LAYOUT)
+        kf += 1
+        if kf == nk:
+            vf += 1
+            kf = 0
+            w_rows, s_rows, x_rows, x_ok = _visit_rows(present, rank, bins, vf, w_rows0, w_e, s_rows0, s_e, ids_x, jx,
+                                                       tok_x, M, top_k, act_ptr, I)
+    kt = 0
     for st in range(0, n_steps):
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
-        nxt = st + STAGES - 1
-        e_n = _visit_expert(present, rank, bins, nxt, nk).to(gl.int64)
-        _ring_fill(wring, sring, nxt % STAGES, w_rows0 + e_n * w_e, s_rows0 + e_n * s_e, row_ok, s_ok, nxt % nk,
-                   nxt < n_steps, stride_sg)
-        e = _visit_expert(present, rank, bins, st, nk)
-        kt = st % nk
-        # this expert's activation row of each token (its first slot with e); masked if none
-        match = ids2 == e
-        slot = gl.min(gl.where(match, jj[:, None], 32), axis=0)
-        slot_b = gl.convert_layout(slot, gl.SliceLayout(0, dot_b))
-        has_b = slot_b < 32
-        x_base = act_ptr + ((tok_b * top_k + slot_b) * I).to(gl.int64)[None, :] + kk[:, None]
+        _down_fill(wring, sring, xring, st + STAGES - 1, kf, st + STAGES - 1 < n_steps, w_rows, s_rows, x_rows,
+                   x_ok, row_ok, s_ok, stride_sg, I, X_LAYOUT)
+        kf += 1
+        if kf == nk:
+            vf += 1
+            kf = 0
+            w_rows, s_rows, x_rows, x_ok = _visit_rows(present, rank, bins, vf, w_rows0, w_e, s_rows0, s_e, ids_x, jx,
+                                                       tok_x, M, top_k, act_ptr, I)
         words, scales = _ring_read(wring, sring, st % STAGES, dot_a)
-        part_e, part_o = _step_mma(words, scales, x_base, kt * 256, I, has_b, kk, part_e, part_o)
-        if kt == nk - 1:  # the expert's last step: fold its routing weights in, per token
+        part_e, part_o = _step_mma(words, scales, xring, st % STAGES, dot_b, part_e, part_o)
+        kt += 1
+        if kt == nk:  # the expert's last step: fold its routing weights in, per token
+            kt = 0
+            match = ids2 == _visit_expert(present, rank, bins, st, nk)
             coef = gl.sum(gl.where(match, tw2, 0.0), axis=0)
             coef_m = gl.convert_layout(coef, gl.SliceLayout(0, mma))
             acc += (part_e + part_o) * coef_m[None, :]
@@ -330,7 +387,8 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, tokens: int, num_warps: int, 
         hidden, topk_ids, w13.qweight, w13.scales, out,
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
-        TOKENS=tokens, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, num_warps=num_warps,
+        TOKENS=tokens, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_gather_layout(tokens, num_warps),
+        num_warps=num_warps,
     )
 
 
@@ -350,7 +408,7 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, tokens: int, num_warps
         m, top_k, w2.num_experts, h, inter, nk,
         out.stride(0),
         TOKENS=tokens, POS=triton.next_power_of_2(tokens * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
-        STAGES=stages, num_warps=num_warps,
+        STAGES=stages, X_LAYOUT=_gather_layout(tokens, num_warps), num_warps=num_warps,
     )
 
 
@@ -368,20 +426,21 @@ def compile_configs():
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
                    "stride_xm": "i32", "stride_am": "i32",
                    "TOKENS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr",
-                   "num_warps": "constexpr"}
+                   "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
     down_sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*bf16",
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "TOKENS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
-                "STAGES": "constexpr", "num_warps": "constexpr"}
+                "STAGES": "constexpr", "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
     out = []
     for (tokens, warps), stages in ((t, st) for t in MMA_TILES for st in MMA_STAGES):
         tag = f"T={tokens},w={warps},s={stages}"
         if warps > 1 and tokens == 8:  # gate_up gathers 8 routes a pass; two or four warps
             out.append(KernelConfig(f"moe_decode_gate_up_mma[{tag}]", _gate_up_mma_kernel, gate_up_sig,
-                                    {"TOKENS": tokens, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages, "num_warps": warps},
+                                    {"TOKENS": tokens, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages,
+                                     "X_LAYOUT": _gather_layout(tokens, warps), "num_warps": warps},
                                     num_warps=warps, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
         out.append(KernelConfig(f"moe_decode_down_mma[{tag}]", _down_mma_kernel, down_sig,
                                 {"TOKENS": tokens, "POS": triton.next_power_of_2(tokens * 8), "E_P2": 64,
-                                 "STAGES": stages, "num_warps": warps},
+                                 "STAGES": stages, "X_LAYOUT": _gather_layout(tokens, warps), "num_warps": warps},
                                 num_warps=warps, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
     return out
