@@ -272,7 +272,7 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
         pytest.skip("the mma engine takes INT4 weights only (test_mma_engine_refusals)")
     e, h, inter, m, k = 8, 256, 128, 4, 3
     cfg = {"heuristic": None, "fma": DecodeConfig("fma", 16, 16, 1, 4, 2),
-           "mma": DecodeConfig("mma", 32, 16, 8, 4, 6)}[engine]
+           "mma": DecodeConfig("mma", 16, 16, 8, 4, 6, split_gate_up=2, split_down=2)}[engine]
     w13, w2, q13, q2, _, _ = _weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
     ids = random_topk_ids(m, k, e, generator=gen).cuda()
@@ -296,16 +296,17 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
 
 # --------------------------------------------------------------------------- mma engine (sm_90)
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_i,block_h,tokens,stages", [(32, 16, 8, 4), (16, 32, 16, 6), (32, 64, 32, 3),
-                                                           (16, 16, 8, 8)])
+@pytest.mark.parametrize("tokens,split_gu,split_dn,stages", [(8, 4, 8, 4), (8, 8, 4, 3), (8, 2, 2, 6), (16, 1, 1, 4),
+                                                            (32, 2, 4, 8), (8, 1, 1, 5)])
 @pytest.mark.parametrize("h,inter", [(160, 96), (608, 288)])
-def test_mma_engine_matches_reference_with_routing_edges(h, inter, block_i, block_h, tokens, stages, gen):
+def test_mma_engine_matches_reference_with_routing_edges(h, inter, tokens, split_gu, split_dn, stages, gen):
     """The Gluon tensor-core engine against the reference with the routing edges of the Triton
     engines' test; K of one step (H=160, I=96: past-K activations masked) and of several
-    (H=608: three steps; I=288: two, fewer than the ring's stages), neuron and output counts
-    that are not multiples of the tiles; ring depths 3 to 8."""
+    (H=608: three steps, split over up to 8 warps, some warps' chunks empty; I=288: two),
+    neuron and output counts that are not multiples of 16; ring depths 3 to 8; warp splits
+    from 1 to 8 (several member passes and token blocks where the columns a warp are few)."""
     e, m, k = 6, 5, 3
-    cfg = DecodeConfig("mma", block_i, block_h, tokens, 4, stages)
+    cfg = DecodeConfig("mma", 16, 16, tokens, 4, stages, split_gate_up=split_gu, split_down=split_dn)
     w13, w2, q13, q2, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids, tw, ref_ids = _edge_routing(m, k, e, gen)
@@ -322,13 +323,13 @@ def test_mma_engine_matches_reference_with_routing_edges(h, inter, block_i, bloc
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,tokens", [(1, 8), (20, 16), (40, 32)])
-def test_mma_engine_hot_expert_and_token_blocks(m, tokens, gen):
-    """Every token's first slot on expert 0: its gate_up owner gathers m routes in passes of 8;
-    40 tokens x 4 slots cross the 64-route scan chunk; m > tokens makes several down token
-    blocks; the last expert is empty."""
+@pytest.mark.parametrize("m,tokens,split", [(1, 8, 8), (20, 16, 1), (40, 32, 1), (6, 8, 2)])
+def test_mma_engine_hot_expert_and_token_blocks(m, tokens, split, gen):
+    """Every token's first slot on expert 0: its gate_up owner gathers m routes in passes of
+    tokens / split; 40 tokens x 4 slots cross the 64-route scan chunk; m > tokens / split makes
+    several down token blocks; the last expert is empty."""
     e, h, inter, k = 5, 544, 224, 4
-    cfg = DecodeConfig("mma", 32, 32, tokens, 4, 4)
+    cfg = DecodeConfig("mma", 16, 16, tokens, 4, 4, split_gate_up=min(split, min(tokens, 16)), split_down=split)
     w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e - 1, generator=gen, hot_expert=0)
@@ -364,15 +365,17 @@ def test_mma_engine_refusals(gen):
     with pytest.raises(ValueError, match="engine 'mma'"):
         md._validate_config(DecodeConfig("mma", 64, 16, 8, 4, 6))
     with pytest.raises(ValueError, match="engine 'mma'"):
-        md._validate_config(DecodeConfig("mma", 32, 16, 4, 4, 6))
+        md._validate_config(DecodeConfig("mma", 16, 16, 4, 4, 6))
+    with pytest.raises(ValueError, match="split_down"):
+        md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 6, split_down=3))
     with pytest.raises(ValueError, match="num_stages"):
-        md._validate_config(DecodeConfig("mma", 32, 16, 8, 4, 2))
+        md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 2))
     e, h, inter, k = 2, 64, 32, 1
     w13, w2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, "cpu")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = torch.zeros(1, k, dtype=torch.int32)
     with pytest.raises(ValueError, match="INT4"):
-        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 6))
+        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 16, 16, 8, 4, 6))
     w13, w2, _, _, _, _ = _weights("int4", e, h, inter, gen, "cpu")
     with pytest.raises(ValueError, match="CUDA"):
-        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 32, 16, 8, 4, 6))
+        moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 16, 16, 8, 4, 6))

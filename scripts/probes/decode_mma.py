@@ -5,7 +5,8 @@
 Kimi EP8 (48 experts, H 7168, I 2048, top-8), CUDA graph, L2 flushed by a read. For each batch
 and tile: gate_up and down of the ``mma`` engine alone, as us and TB/s of the bytes of the
 experts hit (packed words + scales; the floor at 4.50 TB/s beside it), and the fma / dot
-engine the Triton heuristics pick, on identical inputs. Outputs of the mma tiles are compared
+engine the Triton heuristics pick, on identical inputs; tiles are (MMA columns, gate_up warp
+split, down warp split, ring stages), `*` the heuristic's. Outputs of the mma tiles are compared
 with the Triton engine's (relative Frobenius error: same function, different summation order).
 """
 import sys
@@ -35,7 +36,13 @@ def main() -> None:
     w13 = pack_w4a16(make_weight(E, 2 * I, H, "cuda"))
     w2 = pack_w4a16(make_weight(E, H, I, "cuda"))
     gen = torch.Generator().manual_seed(7)
-    tiles = [(16, 16, 4), (16, 16, 6), (16, 16, 8), (32, 16, 6), (16, 32, 6), (32, 32, 6)]
+    # (tokens, split_gate_up, split_down, stages); None = the heuristic's own choice
+    tiles = {1: [None, (8, 8, 8, 4), (8, 2, 4, 4), (8, 4, 8, 6), (8, 4, 4, 3)],
+             2: [None, (8, 2, 2, 4), (8, 8, 8, 4)],
+             4: [None, (8, 2, 1, 4), (8, 8, 4, 4)],
+             8: [None, (8, 1, 1, 4), (8, 4, 2, 4), (16, 2, 2, 4)],
+             16: [None, (16, 2, 2, 4), (16, 1, 1, 6)],
+             32: [None, (32, 1, 1, 6), (16, 1, 2, 4), (32, 2, 2, 4)]}
     print(f"{'M':>3} {'hit':>4} {'tile':>16} {'gate_up us':>10} {'TB/s':>5} {'down us':>8} {'TB/s':>5} "
           f"{'sum':>7} {'floor':>6} {'err act':>8} {'err out':>8}", flush=True)
     for m in batches:
@@ -53,14 +60,17 @@ def main() -> None:
         floor = (b_gu + b_dn) / BW * 1e6
         print(f"{m:>3} {hit:>4} {tri.engine + ' (triton)':>16} {t_gu:>10.1f} {b_gu / t_gu / 1e6:>5.2f} {t_dn:>8.1f} "
               f"{b_dn / t_dn / 1e6:>5.2f} {t_gu + t_dn:>7.1f} {floor:>6.1f}", flush=True)
-        tokens = 8 if m <= 8 else (16 if m <= 16 else 32)
-        for bi, bh, stg in tiles:
-            cfg = DecodeConfig("mma", bi, bh, tokens, 4, stg)
+        for tile in tiles.get(m, [None]):
+            cfg = moe_decode_config(m, K, E, H, I, "int4", True)
+            if tile is not None:
+                tk, sg, sd, stg = tile
+                cfg = DecodeConfig("mma", 16, 16, tk, 4, stg, split_gate_up=sg, split_down=sd)
             act = moe_decode_gate_up(hidden, ids, w13, config=cfg)
             out = moe_decode_down(act_t, ids, tw, w2, config=cfg)
             t_gu = _us(lambda: moe_decode_gate_up(hidden, ids, w13, out=act, config=cfg))
             t_dn = _us(lambda: moe_decode_down(act_t, ids, tw, w2, out=out, config=cfg))
-            print(f"{m:>3} {hit:>4} {f'mma {bi}/{bh}/T{tokens}/s{stg}':>16} {t_gu:>10.1f} {b_gu / t_gu / 1e6:>5.2f} "
+            name = f"mma {cfg.tokens}/{cfg.split_gate_up}/{cfg.split_down}/s{cfg.num_stages}" + ("*" if tile is None else "")
+            print(f"{m:>3} {hit:>4} {name:>16} {t_gu:>10.1f} {b_gu / t_gu / 1e6:>5.2f} "
                   f"{t_dn:>8.1f} {b_dn / t_dn / 1e6:>5.2f} {t_gu + t_dn:>7.1f} {floor:>6.1f} "
                   f"{_rel(act, act_t):>8.1e} {_rel(out, out_t):>8.1e}", flush=True)
 

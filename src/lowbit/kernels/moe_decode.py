@@ -478,6 +478,10 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     reason: str = ""
+    #: mma engine only: warps splitting gate_up's K and down's expert visits (each warp its own
+    #: block of ``tokens / split`` MMA columns; `moe_decode_sm90`)
+    split_gate_up: int = 1
+    split_down: int = 1
 
 
 #: The engine by expected routes per expert hit, ``M*k / (E * (1 - (1 - k/E)**M))`` (Kimi EP8:
@@ -513,16 +517,28 @@ _TILES = {
     ("dot", "int4"): (64, 64, 4, 3, "H200 M=8: 800.3 us (64x32 2-stage: 966.0)"),
     # MXFP8 dot, M=8: 64/32/4w/2s 1167.6 us; 64/64/4w/3s 1390.3; 32/32 1382.7; 128/64/8w 1703.3
     ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
-    # mma (`moe_decode_sm90`): block_i = 8 x gate_up warps (half the warps gate rows, half up
-    # rows), block_h = 16 x down warps; num_stages = the cp.async weight ring's depth; num_warps
-    # unused; tokens = the down kernel's token block (gate_up gathers 8 routes a pass)
-    ("mma", "int4"): (16, 16, 4, 6, "not yet measured"),
+    # mma (`moe_decode_sm90`): 16 neurons / output rows a program; num_stages = the cp.async
+    # ring's depth; tokens and the splits come from `_MMA_SPLITS`; num_warps unused
+    ("mma", "int4"): (16, 16, 4, 4, "not yet measured"),
 }
 _WEIGHT_FORMATS = ("int4", "mxfp8")
 
-_ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages")
-#: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot),
-#: LOWBIT_DECODE_BLOCK_I, _BLOCK_H, _TOKENS, _NUM_WARPS, _NUM_STAGES.
+#: The mma engine's MMA columns and warp splits by batch M: (max M, tokens, split_gate_up,
+#: split_down). A split of s gives each of s warps ``tokens / s`` columns (gate_up: member routes
+#: a pass over the weights, down: tokens a program) and 1/s of the work (gate_up: of K; down: of
+#: the expert visits), so small batches still put enough warps on each weight row block.
+_MMA_SPLITS = (
+    (1, 8, 4, 8),
+    (2, 8, 4, 4),
+    (4, 8, 4, 2),
+    (8, 8, 2, 1),
+    (16, 16, 1, 1),
+    (1 << 30, 32, 1, 1),
+)
+
+_ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages", "split_gate_up", "split_down")
+#: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot|mma),
+#: LOWBIT_DECODE_BLOCK_I, _BLOCK_H, _TOKENS, _NUM_WARPS, _NUM_STAGES, _SPLIT_GATE_UP, _SPLIT_DOWN.
 ENV_OVERRIDES = tuning.override_names("DECODE", _ENV_FIELDS)
 
 
@@ -544,10 +560,14 @@ def _validate_config(cfg: DecodeConfig) -> None:
     if cfg.engine not in ("fma", "dot", "mma"):
         raise ValueError(f"decode engine must be 'fma', 'dot' or 'mma', got {cfg.engine!r}")
     if cfg.engine == "mma":
-        if cfg.block_i not in (16, 32) or cfg.block_h not in (16, 32, 64) or cfg.tokens not in (8, 16, 32):
-            raise ValueError(f"decode engine 'mma': block_i in (16, 32) (2 or 4 warps), block_h in (16, 32, 64) "
-                             f"(1, 2 or 4 warps), tokens in (8, 16, 32), got block_i={cfg.block_i} "
-                             f"block_h={cfg.block_h} tokens={cfg.tokens}")
+        gu_cols = min(cfg.tokens, 16)
+        if (cfg.block_i != 16 or cfg.block_h != 16 or cfg.tokens not in (8, 16, 32)
+                or cfg.split_gate_up not in (1, 2, 4, 8) or gu_cols % cfg.split_gate_up
+                or cfg.split_down not in (1, 2, 4, 8) or cfg.tokens % cfg.split_down):
+            raise ValueError(f"decode engine 'mma': block_i = block_h = 16, tokens (MMA columns) in (8, 16, 32), "
+                             f"split_gate_up / split_down in (1, 2, 4, 8) dividing the columns (gate_up uses "
+                             f"min(tokens, 16)), got block_i={cfg.block_i} block_h={cfg.block_h} tokens={cfg.tokens} "
+                             f"split_gate_up={cfg.split_gate_up} split_down={cfg.split_down}")
         if cfg.num_stages not in (3, 4, 5, 6, 8):
             raise ValueError(f"decode engine 'mma': num_stages (the cp.async ring) in 3..8, got {cfg.num_stages}")
         return
@@ -582,13 +602,15 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
     block_i, block_h, warps, stages, measured = _TILES[engine, fmt]
     # dot: 16 tokens per program covers M <= 16 in one pass over the hit experts; beyond, 32.
     # mma: the down kernel's token block covers M <= 32 in one pass (each expert read once)
+    splits = {}
     if engine == "mma":
-        tokens = 8 if m <= 8 else (16 if m <= 16 else 32)
+        _, tokens, split_gu, split_dn = next(row for row in _MMA_SPLITS if m <= row[0])
+        splits = {"split_gate_up": split_gu, "split_down": split_dn}
     else:
         tokens = 1 if engine == "fma" else (16 if m <= 16 else 32)
     cfg = DecodeConfig(engine, block_i, block_h, tokens, warps, stages,
                        f"M={m} k={top_k} E={num_experts}: {rpe:.2f} routes/hit expert: {why}; "
-                       f"{fmt} {engine} tile {measured}")
+                       f"{fmt} {engine} tile {measured}", **splits)
     # the engine override was applied above (it picks the tile row); the others on top of it
     cfg = tuning.apply_env_overrides(cfg, "DECODE", _ENV_FIELDS[1:])
     _validate_config(cfg)
@@ -608,9 +630,10 @@ def moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: 
 def explain_moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: int,
                               fmt: str = "int4", native: bool = True) -> str:
     c = moe_decode_config(m, top_k, num_experts, hidden, inter, fmt, native)
+    split = f" split_gate_up={c.split_gate_up} split_down={c.split_down}" if c.engine == "mma" else ""
     return (f"moe_decode {fmt} M={m} k={top_k} E={num_experts} H={hidden} I={inter}: engine={c.engine} "
             f"block_i={c.block_i} block_h={c.block_h} tokens={c.tokens} warps={c.num_warps} "
-            f"stages={c.num_stages} -- {c.reason}")
+            f"stages={c.num_stages}{split} -- {c.reason}")
 
 
 # =========================================================================== launchers
@@ -738,7 +761,7 @@ def moe_decode_gate_up(
     if config.engine == "mma":
         from .moe_decode_sm90 import gate_up_mma_launch
 
-        gate_up_mma_launch(hidden, topk_ids, w13, out, 8, config.block_i // 8, config.num_stages)
+        gate_up_mma_launch(hidden, topk_ids, w13, out, min(config.tokens, 16), config.split_gate_up, config.num_stages)
         return out
     grid = (triton.cdiv(inter, config.block_i), m * top_k)
     _gate_up_kernel[grid](
@@ -797,7 +820,7 @@ def moe_decode_down(
     if config.engine == "mma":
         from .moe_decode_sm90 import down_mma_launch
 
-        down_mma_launch(act, topk_ids, topk_weights, w2, out, config.tokens, config.block_h // 16, config.num_stages)
+        down_mma_launch(act, topk_ids, topk_weights, w2, out, config.tokens, config.split_down, config.num_stages)
         return out
     dot = config.engine == "dot"
     grid = (triton.cdiv(h, config.block_h), triton.cdiv(m, config.tokens) if dot else m)

@@ -46,7 +46,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .int4_dequant import dequant_byte_ptx
-from .w4a16_sm90 import _dequant_byte, _gather_layout, _stage_boxes
+from .w4a16_sm90 import _dequant_byte
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_TILES"]
 
@@ -65,65 +65,105 @@ def _add(a, b):
 
 
 @gluon.jit
-def _ring_fill(wring, sring, st, w_rows, s_rows, row_ok, s_ok, kt, live, stride_sg):
-    """cp.async of 256-wide K step `kt` into stage `st`: the packed words ``[BW, 32]`` (`w_rows`,
-    in the A-fragment layout: each thread copies the pieces it will read back) and the eight
-    groups' scales ``[8, BW]`` (`s_rows`, 4-byte pieces); zero-filled when not `live`."""
-    async_copy.async_copy_global_to_shared(wring.index(st), w_rows + kt * 32, mask=row_ok[:, None] & live)
-    async_copy.async_copy_global_to_shared(sring.index(st), s_rows + kt * 8 * stride_sg, mask=s_ok & live)
-
-
-@gluon.jit
-def _ring_read(wring, sring, st, dot_a: gl.constexpr):
-    """Stage `st`: the words in the A-fragment layout and the eight groups' ``[BW]`` scales in
-    the fragments' row layout."""
-    words = wring.index(st).load(dot_a)
-    BW: gl.constexpr = wring.shape[1]
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sc = sring.index(st)._reinterpret(gl.bfloat16, [8 * BW], flat)
-    srow: gl.constexpr = gl.SliceLayout(1, dot_a)
-    return words, (sc.slice(0, BW).load(srow), sc.slice(BW, BW).load(srow), sc.slice(2 * BW, BW).load(srow),
-                   sc.slice(3 * BW, BW).load(srow), sc.slice(4 * BW, BW).load(srow), sc.slice(5 * BW, BW).load(srow),
-                   sc.slice(6 * BW, BW).load(srow), sc.slice(7 * BW, BW).load(srow))
-
-
-@gluon.jit
-def _rings(BW: gl.constexpr, T: gl.constexpr, STAGES: gl.constexpr):
-    """The STAGES-deep rings: words ``[STAGES, BW, 32]`` i32 (32-byte units XOR-swizzled by row
-    mod 4: a half-warp's 8-byte fragment reads, 4 rows x 4 lanes, then hit all 32 banks once;
-    an XOR of 8-byte units by row mod 8 left them 4-way conflicted), scales ``[STAGES, 8, BW]`` bf16 and
-    the B rows ``[STAGES * 8, T, 32]`` bf16 (read back by ldmatrix)."""
-    wring = gl.allocate_shared_memory(gl.int32, [STAGES, BW, 32], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
-    sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8, BW], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    xring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 8, T, 32],
-                                      gl.NVMMASharedLayout.get_default_for([T, 32], gl.bfloat16))
+def _rings(ROWS: gl.constexpr, COLS: gl.constexpr, STAGES: gl.constexpr):
+    """The STAGES-deep cp.async rings: packed words ``[STAGES, ROWS, 32]`` i32 (32-byte units
+    XOR-swizzled by row mod 4: a half-warp's 8-byte fragment reads, 4 rows x 4 lanes, then hit
+    all 32 banks once; 8-byte units by row mod 8 left them 4-way conflicted), scales
+    ``[STAGES, 8, ROWS]`` bf16 and the B rows ``[STAGES * 8, COLS, 32]`` bf16 (ldmatrix reads)."""
+    wring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 32], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
+    sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 8, COLS, 32],
+                                      gl.NVMMASharedLayout.get_default_for([COLS, 32], gl.bfloat16))
     return wring, sring, xring
 
 
 @gluon.jit
-def _step_mma(words, scales, xring, st, dot_b: gl.constexpr, acc_e, acc_o):
-    """One 256-wide K step: groups 2j / 2j + 1 into the even / odd accumulator (two chains, so
-    consecutive mma.sync do not wait on each other); the B operands are stage `st` of the
-    activation ring (eight ``[T, 32]`` boxes, read as ``[32, T]`` fragments)."""
+def _fill(wring, sring, xring, st, kt, w_rows, w_ok, s_ptr, s_rows, s_ok, s_step, x_rows, x_k0, x_ok, K,
+          wc_l: gl.constexpr, sc_l: gl.constexpr, x_l: gl.constexpr):
+    """cp.async of K step `kt` into stage `st` of the rings, one commit group. Per row (row
+    vectors, so no pointer tile stays live across the loop): w_rows ``[ROWS]`` pointers to each
+    weight row's K step 0 (its warp's K chunk included) and w_ok, in ``SliceLayout(1, wc_l)``;
+    s_rows / s_ok the same for the scales as element offsets from `s_ptr` (``SliceLayout(0,
+    sc_l)``, `s_step` elements a K step);
+    x_rows / x_ok ``[COLS]`` the B rows (``SliceLayout(0, SliceLayout(2, x_l))``), group g = K
+    ``x_k0 + 256kt + 32g ..``, zero past `K`. Words go in 16-byte pieces, scales in 4-byte
+    ones (two adjacent rows), the ``[8, COLS, 32]`` B boxes in 16-byte ones. Dead rows and steps
+    are zero-filled: they add exact zeros. The copies need not land where the reading thread
+    wants them: the consumer waits for its own groups, then a CTA barrier."""
+    cols = gl.arange(0, 32, layout=gl.SliceLayout(0, wc_l))
+    async_copy.async_copy_global_to_shared(wring.index(st), w_rows[:, None] + (kt * 32 + cols)[None, :],
+                                           mask=w_ok[:, None])
+    g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, sc_l))
+    s_off = s_rows[None, :] + (kt * s_step + g_s * (s_step // 8))[:, None]
+    # a row pair never straddles a 16-row block: its two scales are adjacent and share the mask
+    s_off = gl.max_contiguous(gl.multiple_of(s_off, [1, 2]), [1, 2])
+    async_copy.async_copy_global_to_shared(sring.index(st), s_ptr + s_off, mask=gl.max_constancy(s_ok[None, :], [1, 2]))
+    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
+    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
+    COLS: gl.constexpr = xring.shape[1]
+    STAGES: gl.constexpr = wring.shape[0]
+    boxes = xring._reinterpret(gl.bfloat16, [STAGES, 8 * COLS, 32], xring.type.layout).index(st).reshape([8, COLS, 32])
+    k = x_k0[None, :, None] + kt * 256 + g * 32  # K is a multiple of 32: a group is all in or all out
+    async_copy.async_copy_global_to_shared(boxes, x_rows[None, :, None] + (k + j), mask=x_ok[None, :, None] & (k < K))
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK: gl.constexpr, scan: gl.constexpr,
+                   flat: gl.constexpr):
+    """The routes of expert e from route r on, by rank: ``route[i]`` = the ``want[i]``-th (0 for a
+    rank past the last). want: ``[T]`` in ``SliceLayout(1, scan)``."""
+    rr_l: gl.constexpr = gl.SliceLayout(0, scan)
+    route = gl.zeros_like(want)
+    base = gl.sum(gl.zeros([ROUTE_CHUNK], gl.int32, rr_l), axis=0)
+    for c in range(r // ROUTE_CHUNK, gl.cdiv(num_routes, ROUTE_CHUNK)):
+        rr = c * ROUTE_CHUNK + gl.arange(0, ROUTE_CHUNK, layout=rr_l)
+        hit = (gl.load(ids_ptr + rr, mask=rr < num_routes, other=-1) == e) & (rr >= r)
+        # the scan runs in a 1-D blocked layout (Triton 3.6 cannot scan a sliced one)
+        rank = gl.associative_scan(gl.convert_layout(hit.to(gl.int32), flat), 0, _add)
+        rank = base + gl.convert_layout(rank, rr_l) - 1
+        sel = hit[None, :] & (rank[None, :] == want[:, None])
+        route += gl.sum(gl.where(sel, rr[None, :], 0), axis=1)
+        base += gl.sum(hit.to(gl.int32), axis=0)
+    return route
+
+
+@gluon.jit
+def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, dot_a: gl.constexpr,
+               dot_b: gl.constexpr, acc_e, acc_o):
+    """One 256-wide K step of the ``[BW, COLS]`` tile whose words are rows ``row0 .. row0+BW`` of
+    stage `st`: dequantized straight into A fragments (`int4_dequant.dequant_byte_ptx`), times the
+    stage's B boxes; groups 2j / 2j + 1 into the even / odd accumulator (two mma.sync chains)."""
+    words = wring.index(st).slice(row0, BW, dim=0).load(dot_a)
+    ROWS: gl.constexpr = wring.shape[1]
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sc = sring.index(st)._reinterpret(gl.bfloat16, [8 * ROWS], plain)
+    srow: gl.constexpr = gl.SliceLayout(1, dot_a)
     for j in gl.static_range(4):
+        s_e = sc.slice((2 * j) * ROWS + row0, BW).load(srow)
+        s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow)
         xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
         xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
-        w_e, w_o = _dequant_byte(words, scales[2 * j][:, None], scales[2 * j + 1][:, None], dequant_byte_ptx(j))
+        w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], dequant_byte_ptx(j))
         acc_e = mma_v2(w_e, xe, acc_e)
         acc_o = mma_v2(w_o, xo, acc_o)
     return acc_e, acc_o
 
 
 @gluon.jit
-def _x_fill(xring, st, x_rows, x_ok, kt, K, live, x_l: gl.constexpr):
-    """cp.async of K step `kt` of the B rows into stage `st` of the activation ring (eight
-    ``[T, 32]`` boxes, group g = K ``256kt + 32g ..``); x_rows / x_ok: ``[1, T, 1]`` row
-    pointers and live rows. Dead rows and K past the end are zero-filled. Committed with the
-    weights' copies of the same step."""
-    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
-    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
-    k0 = kt * 256 + g * 32  # K is a multiple of 32: a group is all in or all out
-    async_copy.async_copy_global_to_shared(_stage_boxes(xring, st), x_rows + (k0 + j), mask=x_ok & (k0 < K) & live)
+def _diagonal_sum(red, acc, SPLIT: gl.constexpr, out_l: gl.constexpr):
+    """``[16, COLS / SPLIT]``: the sum over warps w of warp w's rows x column block w of `acc`
+    (``[16 * SPLIT, COLS]``, the mma layout) -- each warp's own partial of the same outputs --
+    through the shared buffer `red`."""
+    COLS: gl.constexpr = acc.shape[1]
+    MB: gl.constexpr = COLS // SPLIT
+    gl.thread_barrier()  # `red` may hold the previous pass's tile
+    red.store(acc)
+    gl.thread_barrier()
+    total = red.slice(0, 16, dim=0).slice(0, MB, dim=1).load(out_l)
+    for w in gl.static_range(1, SPLIT):
+        total += red.slice(16 * w, 16, dim=0).slice(w * MB, MB, dim=1).load(out_l)
+    return total
 
 
 @gluon.jit
@@ -131,30 +171,36 @@ def _gate_up_mma_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     num_routes, top_k, num_experts, H, I, nk,
     stride_xm, stride_am,
-    TOKENS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
+    COLS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """Program (ib, r): neurons ``ib * BLOCK_I ..`` of the routes of expert ``topk_ids.flat[r]``
-    when r is that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
-    The tile's first num_warps / 2 warps hold the gate rows, the others the matching up rows
-    (one projection a warp keeps the register ring at two steps); SiLU(gate) * up pairs them
-    through shared memory once, at the end."""
-    BW: gl.constexpr = 16 * num_warps
-    BLOCK_I: gl.constexpr = BW // 2
+    """Program (ib, r): neurons ``16 ib ..`` of the routes of expert ``topk_ids.flat[r]`` when r is
+    that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
+
+    The num_warps warps split K: warp w runs K steps ``w * CK ..`` (CK = cdiv(nk, num_warps))
+    of the same 16 gate rows and 16 up rows (two ``[16, COLS]`` tiles a warp), against its own
+    block of ``MB = COLS / num_warps`` B columns (the members' hidden rows at its K chunk): the
+    mma layout replicates B across warps, so the columns are where the warps differ. The warps'
+    partials are summed at the end (`_diagonal_sum`), then SiLU(gate) * up."""
+    SPLIT: gl.constexpr = num_warps
+    MB: gl.constexpr = COLS // SPLIT
+    BW: gl.constexpr = 16 * SPLIT
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     scan: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])  # [BLOCK_I, TOKENS]
-    s_l: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, num_warps], [1, 0])  # [8, BW] scale copies
+    wc_l: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])  # [2 BW, 32] word copies
+    sc_l: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, num_warps], [1, 0])  # [8, 2 BW] scale copies
+    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32 // MB, MB], [num_warps, 1], [1, 0])  # [16, MB]
+    xrow_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, X_LAYOUT))
     pid_i = gl.program_id(0)
     r = gl.program_id(1)
-    i0 = pid_i * BLOCK_I
+    i0 = pid_i * 16
     e = gl.load(ids_ptr + r)
     if (e < 0) | (e >= num_experts):  # dropped slot: its act row is defined as 0
-        ri = i0 + gl.arange(0, BLOCK_I, layout=flat)
-        gl.store(act_ptr + r.to(gl.int64) * stride_am + ri, gl.zeros([BLOCK_I], gl.bfloat16, flat), mask=ri < I)
+        ri = i0 + gl.arange(0, 16, layout=flat)
+        gl.store(act_ptr + r.to(gl.int64) * stride_am + ri, gl.zeros([16], gl.bfloat16, flat), mask=ri < I)
         return
     # owner rule: the first route of expert e computes every route of expert e
     rr_l: gl.constexpr = gl.SliceLayout(0, scan)
@@ -171,101 +217,132 @@ def _gate_up_mma_kernel(
         n_members += gl.sum(hit.to(gl.int32), axis=0)
 
     e64 = e.to(gl.int64)
-    stride_wn = nk * 32
-    stride_sg = 2 * I
-    m_a = gl.arange(0, BW, layout=gl.SliceLayout(1, dot_a))
-    neuron = i0 + m_a % BLOCK_I
-    w_row = gl.where(m_a < BLOCK_I, neuron, I + neuron)  # gate rows, then up rows
-    row_ok = neuron < I
-    cols_a = gl.arange(0, 32, layout=gl.SliceLayout(0, dot_a))
-    w_rows = w_ptr + e64 * (2 * I) * stride_wn + w_row.to(gl.int64)[:, None] * stride_wn + cols_a[None, :]
-    # the scales' copy layout: [8 groups, BW rows], two rows (4 bytes) a piece
-    m_s = gl.arange(0, BW, layout=gl.SliceLayout(0, s_l))
-    n_s = i0 + m_s % BLOCK_I
-    s_row = gl.where(m_s < BLOCK_I, n_s, I + n_s)
-    g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, s_l))
-    s_rows = s_ptr + e64 * (nk * 8) * stride_sg + g_s[:, None] * stride_sg + s_row[None, :]
-    s_ok = (n_s < I)[None, :] & (g_s < 8)[:, None]
-    wring, sring, xring = _rings(BW, TOKENS, STAGES)
-    pair = gl.allocate_shared_memory(gl.float32, [BW, TOKENS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    CK = gl.cdiv(nk, SPLIT)
+    # word copies: row m = (projection m // BW, warp (m % BW) // 16, neuron i0 + m % 16)
+    m_w = gl.arange(0, 2 * BW, layout=gl.SliceLayout(1, wc_l))
+    n_w = i0 + m_w % 16
+    k0_w = ((m_w % BW) // 16) * CK  # the warp's first K step
+    w_rows = w_ptr + (e64 * (2 * I) + (m_w // BW) * I + n_w) * (nk * 32) + k0_w * 32
+    # scale copies: [8 groups, 2 BW rows], rows as the words
+    m_s = gl.arange(0, 2 * BW, layout=gl.SliceLayout(0, sc_l))
+    n_s = i0 + m_s % 16
+    k0_s = ((m_s % BW) // 16) * CK
+    s_rows = e64 * (nk * 8) * (2 * I) + (k0_s * 8) * (2 * I) + (m_s // BW) * I + n_s
+    # B rows: column c = (warp c // MB, member c % MB); x rows and their K chunk
+    cx = gl.arange(0, COLS, layout=xrow_l)
+    k0_x = (cx // MB) * CK
+    wring, sring, xring = _rings(2 * BW, COLS, STAGES)
+    red = gl.allocate_shared_memory(gl.float32, [BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     want_l: gl.constexpr = gl.SliceLayout(1, scan)
-    for grp in range(0, gl.cdiv(n_members, TOKENS)):
-        # compact the member routes of rank grp*TOKENS .. +TOKENS-1 into `route`
-        want = grp * TOKENS + gl.arange(0, TOKENS, layout=want_l)
-        route = gl.zeros([TOKENS], gl.int32, want_l)
-        base = gl.sum(gl.zeros([ROUTE_CHUNK], gl.int32, rr_l), axis=0)
-        for c in range(r // ROUTE_CHUNK, gl.cdiv(num_routes, ROUTE_CHUNK)):
-            rr = c * ROUTE_CHUNK + gl.arange(0, ROUTE_CHUNK, layout=rr_l)
-            hit = (gl.load(ids_ptr + rr, mask=rr < num_routes, other=-1) == e) & (rr >= r)
-            # the scan runs in a 1-D blocked layout (Triton 3.6 cannot scan a sliced one)
-            rank = gl.associative_scan(gl.convert_layout(hit.to(gl.int32), flat), 0, _add)
-            rank = base + gl.convert_layout(rank, rr_l) - 1
-            sel = hit[None, :] & (rank[None, :] == want[:, None])
-            route += gl.sum(gl.where(sel, rr[None, :], 0), axis=1)
-            base += gl.sum(hit.to(gl.int32), axis=0)
-        col_ok = want < n_members
-        xrow_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, X_LAYOUT))
+    x_k0 = k0_x * 256
+    for grp in range(0, gl.cdiv(n_members, MB)):
+        # column c: the member route of rank grp * MB + c % MB, at warp c // MB's K chunk
+        want = grp * MB + gl.arange(0, COLS, layout=want_l) % MB
+        route = _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK, scan, flat)
         route_x = gl.convert_layout(route, xrow_l)
-        x_rows = (x_ptr + (route_x // top_k).to(gl.int64) * stride_xm)[None, :, None]
-        x_ok = gl.convert_layout(col_ok, xrow_l)[None, :, None]
+        x_rows = x_ptr + (route_x // top_k).to(gl.int64) * stride_xm
+        x_ok = gl.convert_layout(want < n_members, xrow_l)
 
-        acc_e = gl.zeros([BW, TOKENS], gl.float32, mma)
-        acc_o = gl.zeros([BW, TOKENS], gl.float32, mma)
+        acc_ge = gl.zeros([BW, COLS], gl.float32, mma)
+        acc_go = gl.zeros([BW, COLS], gl.float32, mma)
+        acc_ue = gl.zeros([BW, COLS], gl.float32, mma)
+        acc_uo = gl.zeros([BW, COLS], gl.float32, mma)
         for st in gl.static_range(STAGES - 1):
-            _ring_fill(wring, sring, st, w_rows, s_rows, row_ok, s_ok, st, st < nk, stride_sg)
-            _x_fill(xring, st, x_rows, x_ok, st, H, st < nk, X_LAYOUT)
-            async_copy.commit_group()
-        for kt in range(0, nk):
+            _fill(wring, sring, xring, st, st, w_rows, (n_w < I) & (k0_w + st < nk) & (st < CK), s_ptr, s_rows,
+                  (n_s < I) & (k0_s + st < nk) & (st < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (st < CK), H,
+                  wc_l, sc_l, X_LAYOUT)
+        for kt in range(0, CK):
             async_copy.wait_group(STAGES - 2)  # step kt landed (this thread's copies)
-            gl.thread_barrier()  # every thread's copies landed; stage (kt - 1) % STAGES is read
+            gl.thread_barrier()  # every thread's copies landed; the stage refilled next was read
             nxt = kt + STAGES - 1
-            _ring_fill(wring, sring, nxt % STAGES, w_rows, s_rows, row_ok, s_ok, nxt, nxt < nk, stride_sg)
-            _x_fill(xring, nxt % STAGES, x_rows, x_ok, nxt, H, nxt < nk, X_LAYOUT)
-            async_copy.commit_group()
-            words, scales = _ring_read(wring, sring, kt % STAGES, dot_a)
-            acc_e, acc_o = _step_mma(words, scales, xring, kt % STAGES, dot_b, acc_e, acc_o)
+            _fill(wring, sring, xring, nxt % STAGES, nxt, w_rows, (n_w < I) & (k0_w + nxt < nk) & (nxt < CK), s_ptr,
+                  s_rows,
+                  (n_s < I) & (k0_s + nxt < nk) & (nxt < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (nxt < CK), H,
+                  wc_l, sc_l, X_LAYOUT)
+            acc_ge, acc_go = _tile_step(wring, sring, xring, kt % STAGES, 0, BW, dot_a, dot_b, acc_ge, acc_go)
+            acc_ue, acc_uo = _tile_step(wring, sring, xring, kt % STAGES, BW, BW, dot_a, dot_b, acc_ue, acc_uo)
         async_copy.wait_group(0)
-        gl.thread_barrier()  # the next member group refills the rings
-        pair.store(acc_e + acc_o)
-        gl.thread_barrier()
-        g = pair.slice(0, BLOCK_I, dim=0).load(out_l)
-        u = pair.slice(BLOCK_I, BLOCK_I, dim=0).load(out_l)
-        gl.thread_barrier()  # the next group overwrites `pair`
+        g = _diagonal_sum(red, acc_ge + acc_go, SPLIT, out_l)
+        u = _diagonal_sum(red, acc_ue + acc_uo, SPLIT, out_l)
         act = (g / (1.0 + gl.exp(-g)) * u).to(gl.bfloat16)
-        rows_o = i0 + gl.arange(0, BLOCK_I, layout=gl.SliceLayout(1, out_l))
-        route_o = gl.convert_layout(route, gl.SliceLayout(0, out_l))
-        ok_o = gl.convert_layout(col_ok, gl.SliceLayout(0, out_l))
+        rows_o = i0 + gl.arange(0, 16, layout=gl.SliceLayout(1, out_l))
+        want_o = grp * MB + gl.arange(0, MB, layout=want_l)
+        route_o = gl.convert_layout(_member_routes(ids_ptr, e, r, num_routes, want_o, ROUTE_CHUNK, scan, flat),
+                                    gl.SliceLayout(0, out_l))
+        ok_o = gl.convert_layout(want_o < n_members, gl.SliceLayout(0, out_l))
         a = act_ptr + route_o.to(gl.int64)[None, :] * stride_am + rows_o[:, None]
         gl.store(a, act, mask=(rows_o < I)[:, None] & ok_o[None, :])
+        gl.thread_barrier()  # the next pass refills the rings
 
 
 @gluon.jit
-def _visit_expert(present, rank, bins, s, nk):
-    """The expert of flat step `s` (visit ``s // nk``: the ``s // nk``-th present expert)."""
-    return gl.sum(gl.where(present & (rank == s // nk), bins, 0), axis=0)
+def _visit_expert(v, present, rank, bins, AXIS: gl.constexpr):
+    """The expert of visit `v` (the v-th present expert) for a vector of visits: v in a slice
+    layout of some 2-D parent, present / rank / bins ``[E_P2]`` in the other slice of it; the bins
+    run along axis AXIS of the parent (the one reduced)."""
+    if AXIS == 1:
+        hit = present[None, :] & (rank[None, :] == v[:, None])
+        return gl.sum(gl.where(hit, bins[None, :], 0), axis=1)
+    else:
+        hit = present[:, None] & (rank[:, None] == v[None, :])
+        return gl.sum(gl.where(hit, bins[:, None], 0), axis=0)
 
 
 @gluon.jit
-def _visit_rows(present, rank, bins, v, w_rows0, w_e, s_rows0, s_e, ids_x, jx, tok_x, M, top_k, act_ptr, I):
-    """Expert visit `v`'s copy sources: its words and scales pointers and, for each token of
-    the block, the act row of its first slot with that expert (``x_ok`` false: the token does
-    not use it, the row is zero-filled)."""
-    e64 = gl.sum(gl.where(present & (rank == v), bins, 0), axis=0).to(gl.int64)
-    slot = gl.min(gl.where(ids_x == e64.to(gl.int32), jx[:, None], 32), axis=0)
-    x_ok = (slot < 32) & (tok_x < M)
-    x_rows = act_ptr + ((tok_x * top_k + gl.where(x_ok, slot, 0)) * I).to(gl.int64)
-    return w_rows0 + e64 * w_e, s_rows0 + e64 * s_e, x_rows[None, :, None], x_ok[None, :, None]
+def _round_experts(rf, present, rank, bins, SPLIT: gl.constexpr, flat: gl.constexpr):
+    """``[SPLIT]`` in `flat`: the experts of round `rf`'s visits ``rf * SPLIT + w`` (the v-th
+    present expert; -1 past the last)."""
+    v = rf * SPLIT + gl.arange(0, SPLIT, layout=flat)
+    e = gl.zeros([SPLIT], gl.int32, flat) - 1
+    for w in gl.static_range(SPLIT):
+        hit = present & (rank == rf * SPLIT + w)
+        e_w = gl.where(gl.max(hit.to(gl.int32), axis=0) > 0, gl.sum(gl.where(hit, bins, 0), axis=0), -1)
+        e = gl.where(v == rf * SPLIT + w, e_w, e)
+    return e
 
 
 @gluon.jit
-def _down_fill(wring, sring, xring, st, kt, live, w_rows, s_rows, x_rows, x_ok, row_ok, s_ok, stride_sg, I,
-               X_LAYOUT: gl.constexpr):
-    """The copies of flat step `st` (K step `kt` of its expert visit, sources from `_visit_rows`)
-    into its stage. One commit group."""
-    STAGES: gl.constexpr = wring.shape[0]
-    _ring_fill(wring, sring, st % STAGES, w_rows, s_rows, row_ok, s_ok, kt, live, stride_sg)
-    _x_fill(xring, st % STAGES, x_rows, x_ok, kt, I, live, X_LAYOUT)
-    async_copy.commit_group()
+def _pick(e_w, idx, layout: gl.constexpr):
+    """``e_w[idx]`` for a vector of indices idx < SPLIT in `layout` (a select over the SPLIT <= 8
+    entries of e_w, a `flat` vector)."""
+    SPLIT: gl.constexpr = e_w.shape[0]
+    out = gl.zeros(idx.shape, gl.int32, layout)
+    sel = gl.arange(0, SPLIT, layout=e_w.type.layout)
+    for w in gl.static_range(SPLIT):
+        out = gl.where(idx == w, gl.sum(gl.where(sel == w, e_w, 0), axis=0), out)
+    return out
+
+
+@gluon.jit
+def _round_sources(rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I,
+                   MB: gl.constexpr, wc_l: gl.constexpr, sc_l: gl.constexpr, x2_l: gl.constexpr, flat: gl.constexpr):
+    """Copy sources of round `rf` (row vectors for `_fill`): warp w's 16 output rows of W2[e_w] and
+    its MB B columns (each token's act row of its first slot with e_w, dead for tokens without
+    it), for visit ``rf * SPLIT + w``."""
+    SPLIT: gl.constexpr = wc_l.warps_per_cta[0]
+    BW: gl.constexpr = 16 * SPLIT
+    COLS: gl.constexpr = MB * SPLIT
+    e_w = _round_experts(rf, present, rank, bins, SPLIT, flat)
+    m_w = gl.arange(0, BW, layout=gl.SliceLayout(1, wc_l))
+    ew = _pick(e_w, m_w // 16, gl.SliceLayout(1, wc_l))
+    h_w = h0 + m_w % 16
+    w_rows = w_ptr + (ew.to(gl.int64) * H + h_w) * (nk * 32)
+    w_ok = (ew >= 0) & (h_w < H)
+    m_s = gl.arange(0, BW, layout=gl.SliceLayout(0, sc_l))
+    es = _pick(e_w, m_s // 16, gl.SliceLayout(0, sc_l))
+    h_s = h0 + m_s % 16
+    s_rows = es.to(gl.int64) * (nk * 8 * H) + h_s
+    s_ok = (es >= 0) & (h_s < H)
+    c_x = gl.arange(0, COLS, layout=gl.SliceLayout(0, x2_l))
+    ex = _pick(e_w, c_x // MB, gl.SliceLayout(0, x2_l))
+    tok = t0 + c_x % MB
+    jx = gl.arange(0, 32, layout=gl.SliceLayout(1, x2_l))
+    ids_x = gl.load(ids_ptr + tok[None, :] * top_k + jx[:, None], mask=(jx < top_k)[:, None] & (tok < M)[None, :],
+                    other=-1)
+    slot = gl.min(gl.where(ids_x == ex[None, :], jx[:, None], 32), axis=0)
+    x_ok = (slot < 32) & (tok < M) & (ex >= 0)
+    x_rows = act_ptr + ((tok * top_k + gl.where(x_ok, slot, 0)) * I).to(gl.int64)
+    return w_rows, w_ok, s_rows, s_ok, gl.convert_layout(x_rows, gl.SliceLayout(0, x2_l)), x_ok
 
 
 @gluon.jit
@@ -273,22 +350,33 @@ def _down_mma_kernel(
     act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
     stride_om,
-    TOKENS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
+    COLS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """Program (hb, tb): outputs ``hb * BLOCK_H ..`` of tokens ``tb * TOKENS ..``. W2 words
-    ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous."""
-    BLOCK_H: gl.constexpr = 16 * num_warps
+    """Program (hb, tb): outputs ``16 hb ..`` of tokens ``tb * MB ..`` (MB = COLS / num_warps).
+    W2 words ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous.
+
+    The distinct local experts of the MB tokens (a histogram of their ids) are visited in
+    rounds: in round it, warp w runs visit ``it * num_warps + w`` over all of K (its 16 rows of
+    W2[e], its block of MB B columns: the tokens' act rows for e), then folds the routing weights
+    ``sum_j topk_weights[t, j] [topk_ids[t, j] == e]`` into its accumulator per token. The warps'
+    accumulators hold partials of the same outputs, summed at the end (`_diagonal_sum`). One
+    flat loop over (round, K step), so the ring runs across expert boundaries."""
+    SPLIT: gl.constexpr = num_warps
+    MB: gl.constexpr = COLS // SPLIT
+    BW: gl.constexpr = 16 * SPLIT
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    tile: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, num_warps], [0, 1])  # [32 slots, TOKENS]
-    s_l: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, num_warps], [1, 0])  # [8, BLOCK_H] scale copies
+    wc_l: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [num_warps, 1], [1, 0])  # [BW, 32] word copies
+    sc_l: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [1, num_warps], [1, 0])  # [8, BW] scale copies
+    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32 // MB, MB], [num_warps, 1], [1, 0])  # [16, MB]
+    x2_l: gl.constexpr = gl.SliceLayout(2, X_LAYOUT)  # [rows, COLS]: the B columns' parent
     pid_h = gl.program_id(0)
-    t0 = gl.program_id(1) * TOKENS
-    h0 = pid_h * BLOCK_H
-    n_pos = gl.minimum(M - t0, TOKENS) * top_k
+    t0 = gl.program_id(1) * MB
+    h0 = pid_h * 16
+    n_pos = gl.minimum(M - t0, MB) * top_k
     # the distinct local experts of these tokens: a histogram of their ids
     p = gl.arange(0, POS, layout=flat)
     ids_p = gl.load(ids_ptr + t0 * top_k + p, mask=p < n_pos, other=-1)
@@ -296,125 +384,120 @@ def _down_mma_kernel(
     present = gl.histogram(ids_p, E_P2, mask=ok_p, layout=flat) > 0
     rank = gl.associative_scan(present.to(gl.int32), 0, _add) - 1
     bins = gl.arange(0, E_P2, layout=flat)
-    n_steps = gl.sum(present.to(gl.int32), axis=0) * nk
-    # slot j x token c of the block: the routing weights (`tile`) and, in the B copies' row
-    # layout, the ids (which act row of each token an expert reads)
-    jj = gl.arange(0, 32, layout=gl.SliceLayout(1, tile))
-    cc = gl.arange(0, TOKENS, layout=gl.SliceLayout(0, tile))
-    slot_ok = (jj < top_k)[:, None] & ((t0 + cc) < M)[None, :]
-    ids2 = gl.load(ids_ptr + (t0 + cc)[None, :] * top_k + jj[:, None], mask=slot_ok, other=-1)
-    tw2 = gl.load(tw_ptr + (t0 + cc)[None, :] * top_k + jj[:, None], mask=slot_ok, other=0.0)
-    ids_x_l: gl.constexpr = gl.SliceLayout(2, X_LAYOUT)
-    jx = gl.arange(0, 32, layout=gl.SliceLayout(1, ids_x_l))
-    tok_x = t0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, ids_x_l))
-    ids_x = gl.load(ids_ptr + tok_x[None, :] * top_k + jx[:, None], mask=(jx < top_k)[:, None] & (tok_x < M)[None, :],
-                    other=-1)
+    n_steps = gl.cdiv(gl.sum(present.to(gl.int32), axis=0), SPLIT) * nk
+    wring, sring, xring = _rings(BW, COLS, STAGES)
+    red = gl.allocate_shared_memory(gl.float32, [BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    x_k0 = gl.zeros([COLS], gl.int32, gl.SliceLayout(0, x2_l))
 
-    stride_wn = nk * 32
-    stride_sg = H
-    rows_a = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, dot_a))
-    cols_a = gl.arange(0, 32, layout=gl.SliceLayout(0, dot_a))
-    row_ok = rows_a < H
-    w_rows0 = w_ptr + rows_a.to(gl.int64)[:, None] * stride_wn + cols_a[None, :]
-    h_s = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_l))
-    g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, s_l))
-    s_rows0 = s_ptr + g_s[:, None] * stride_sg + h_s[None, :]
-    s_ok = (h_s < H)[None, :] & (g_s < 8)[:, None]
-    w_e = H.to(gl.int64) * stride_wn  # words a expert
-    s_e = nk * 8 * stride_sg
-    wring, sring, xring = _rings(BLOCK_H, TOKENS, STAGES)
-
-    acc = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
-    part_e = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
-    part_o = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
-    # one flat loop over (expert visit, K step), so the ring runs across expert boundaries
-    # the fill side walks (visit vf, step kf) STAGES - 1 steps ahead of the compute side
-    vf = 0
+    acc = gl.zeros([BW, COLS], gl.float32, mma)
+    part_e = gl.zeros([BW, COLS], gl.float32, mma)
+    part_o = gl.zeros([BW, COLS], gl.float32, mma)
+    # the fill side walks (round rf, step kf) STAGES - 1 steps ahead of the compute side
+    rf = 0
     kf = 0
-    w_rows, s_rows, x_rows, x_ok = _visit_rows(present, rank, bins, 0, w_rows0, w_e, s_rows0, s_e, ids_x, jx, tok_x,
-                                               M, top_k, act_ptr, I)
+    w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(0, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr,
+                                                              ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
     for st in gl.static_range(STAGES - 1):
-        _down_fill(wring, sring, xring, st, kf, st < n_steps, w_rows, s_rows, x_rows, x_ok, row_ok, s_ok, stride_sg,
-                   I, X_LAYOUT)
+        live = st < n_steps
+        _fill(wring, sring, xring, st, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows, x_k0,
+              x_ok & live, I, wc_l, sc_l, X_LAYOUT)
         kf += 1
         if kf == nk:
-            vf += 1
+            rf += 1
             kf = 0
-            w_rows, s_rows, x_rows, x_ok = _visit_rows(present, rank, bins, vf, w_rows0, w_e, s_rows0, s_e, ids_x, jx,
-                                                       tok_x, M, top_k, act_ptr, I)
+            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
+                rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
+                x2_l, flat)
     kt = 0
+    it = 0
     for st in range(0, n_steps):
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
-        _down_fill(wring, sring, xring, st + STAGES - 1, kf, st + STAGES - 1 < n_steps, w_rows, s_rows, x_rows,
-                   x_ok, row_ok, s_ok, stride_sg, I, X_LAYOUT)
+        live = st + STAGES - 1 < n_steps
+        _fill(wring, sring, xring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live,
+              8 * H, x_rows, x_k0, x_ok & live, I, wc_l, sc_l, X_LAYOUT)
         kf += 1
         if kf == nk:
-            vf += 1
+            rf += 1
             kf = 0
-            w_rows, s_rows, x_rows, x_ok = _visit_rows(present, rank, bins, vf, w_rows0, w_e, s_rows0, s_e, ids_x, jx,
-                                                       tok_x, M, top_k, act_ptr, I)
-        words, scales = _ring_read(wring, sring, st % STAGES, dot_a)
-        part_e, part_o = _step_mma(words, scales, xring, st % STAGES, dot_b, part_e, part_o)
+            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
+                rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
+                x2_l, flat)
+        part_e, part_o = _tile_step(wring, sring, xring, st % STAGES, 0, BW, dot_a, dot_b, part_e, part_o)
         kt += 1
-        if kt == nk:  # the expert's last step: fold its routing weights in, per token
+        if kt == nk:  # the round's last step: fold each visit's routing weights in, per column
+            e_c = _pick(_round_experts(it, present, rank, bins, SPLIT, flat),
+                        gl.arange(0, COLS, layout=gl.SliceLayout(0, mma)) // MB, gl.SliceLayout(0, mma))
+            jm = gl.arange(0, 32, layout=gl.SliceLayout(1, mma))
+            tok_m = t0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, mma)) % MB
+            okm = (jm < top_k)[:, None] & (tok_m < M)[None, :]
+            ids_m = gl.load(ids_ptr + tok_m[None, :] * top_k + jm[:, None], mask=okm, other=-1)
+            tw_m = gl.load(tw_ptr + tok_m[None, :] * top_k + jm[:, None], mask=okm, other=0.0)
+            coef = gl.sum(gl.where((ids_m == e_c[None, :]) & (e_c >= 0)[None, :], tw_m, 0.0), axis=0)
+            acc += (part_e + part_o) * coef[None, :]
+            part_e = gl.zeros([BW, COLS], gl.float32, mma)
+            part_o = gl.zeros([BW, COLS], gl.float32, mma)
             kt = 0
-            match = ids2 == _visit_expert(present, rank, bins, st, nk)
-            coef = gl.sum(gl.where(match, tw2, 0.0), axis=0)
-            coef_m = gl.convert_layout(coef, gl.SliceLayout(0, mma))
-            acc += (part_e + part_o) * coef_m[None, :]
-            part_e = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
-            part_o = gl.zeros([BLOCK_H, TOKENS], gl.float32, mma)
+            it += 1
     async_copy.wait_group(0)
-    rows_m = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
-    tok_m = t0 + gl.arange(0, TOKENS, layout=gl.SliceLayout(0, mma))
-    o = out_ptr + tok_m.to(gl.int64)[None, :] * stride_om + rows_m[:, None]
-    gl.store(o, acc.to(gl.bfloat16), mask=(rows_m < H)[:, None] & (tok_m < M)[None, :])
+    y = _diagonal_sum(red, acc, SPLIT, out_l)
+    rows_o = h0 + gl.arange(0, 16, layout=gl.SliceLayout(1, out_l))
+    tok_o = t0 + gl.arange(0, MB, layout=gl.SliceLayout(0, out_l))
+    o = out_ptr + tok_o.to(gl.int64)[None, :] * stride_om + rows_o[:, None]
+    gl.store(o, y.to(gl.bfloat16), mask=(rows_o < H)[:, None] & (tok_o < M)[None, :])
 
 
 # =========================================================================== launchers
-def gate_up_mma_launch(hidden, topk_ids, w13, out, tokens: int, num_warps: int, stages: int) -> None:
+def _x_layout(cols: int, num_warps: int) -> gl.BlockedLayout:
+    """The B copies' layout for a stage's ``[8, cols, 32]`` bf16 boxes: 16-byte pieces, warps
+    along the groups (each warp copies whole boxes, no thread copies a piece twice)."""
+    return gl.BlockedLayout([1, 1, 8], [1, 8, 4], [num_warps, 1, 1], [2, 1, 0])
+
+
+def gate_up_mma_launch(hidden, topk_ids, w13, out, cols: int, split: int, stages: int) -> None:
     """`moe_decode_gate_up` on the mma engine (arguments checked by the caller). hidden
     ``bf16 [M, H]``; topk_ids ``int32 [M, k]``; w13 a `W4A16Weight` ``[E, 2I, H]``; out
-    ``bf16 [M, k, I]`` contiguous."""
+    ``bf16 [M, k, I]`` contiguous; cols B columns (8 or 16), split warps splitting K (members a
+    pass = cols / split); stages the ring depth."""
     _check_contiguous(w13, "w13")
     m, h = hidden.shape
     top_k = topk_ids.shape[1]
     inter = w13.n // 2
     nk = w13.k_padded // 256
-    grid = (triton.cdiv(inter, 8 * num_warps), m * top_k)
+    grid = (triton.cdiv(inter, 16), m * top_k)
     _gate_up_mma_kernel[grid](
         hidden, topk_ids, w13.qweight, w13.scales, out,
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
-        TOKENS=tokens, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_gather_layout(tokens, num_warps),
-        num_warps=num_warps,
+        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split,
     )
 
 
-def down_mma_launch(act, topk_ids, topk_weights, w2, out, tokens: int, num_warps: int, stages: int) -> None:
+def down_mma_launch(act, topk_ids, topk_weights, w2, out, cols: int, split: int, stages: int) -> None:
     """`moe_decode_down` on the mma engine (arguments checked by the caller). act ``bf16 [M, k, I]``
     contiguous; topk_ids ``int32 [M, k]``; topk_weights ``fp32 [M, k]``; w2 a `W4A16Weight`
-    ``[E, H, I]``; out ``bf16 [M, H]`` contiguous along H."""
+    ``[E, H, I]``; out ``bf16 [M, H]`` contiguous along H; cols B columns, split warps splitting
+    the expert visits (tokens a program = cols / split); stages the ring depth."""
     _check_contiguous(w2, "w2")
     m, top_k, inter = act.shape
     h = w2.n
     nk = w2.k_padded // 256
     if top_k > 32:
         raise ValueError(f"the mma decode engine takes top_k <= 32, got {top_k}")
-    grid = (triton.cdiv(h, 16 * num_warps), triton.cdiv(m, tokens))
+    mb = cols // split
+    grid = (triton.cdiv(h, 16), triton.cdiv(m, mb))
     _down_mma_kernel[grid](
         act, topk_ids, topk_weights, w2.qweight, w2.scales, out,
         m, top_k, w2.num_experts, h, inter, nk,
         out.stride(0),
-        TOKENS=tokens, POS=triton.next_power_of_2(tokens * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
-        STAGES=stages, X_LAYOUT=_gather_layout(tokens, num_warps), num_warps=num_warps,
+        COLS=cols, POS=triton.next_power_of_2(mb * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
+        STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split,
     )
 
 
 # =========================================================================== compile tier
-#: (tokens, num_warps) tiles the heuristics can pick, per stage.
-MMA_TILES = ((8, 1), (8, 2), (8, 4), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4))
+#: (cols, split) tiles the heuristics can pick: B columns and warps splitting the work.
+MMA_TILES = ((8, 8), (8, 4), (8, 2), (8, 1), (16, 1), (32, 1))
 MMA_STAGES = (4, 6)
 
 
@@ -425,22 +508,23 @@ def compile_configs():
     gate_up_sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
                    "stride_xm": "i32", "stride_am": "i32",
-                   "TOKENS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr",
-                   "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
+                   "COLS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr", "X_LAYOUT": "constexpr",
+                   "num_warps": "constexpr"}
     down_sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*bf16",
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
-                "nk": "i32", "stride_om": "i32", "TOKENS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
+                "nk": "i32", "stride_om": "i32", "COLS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
                 "STAGES": "constexpr", "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
     out = []
-    for (tokens, warps), stages in ((t, st) for t in MMA_TILES for st in MMA_STAGES):
-        tag = f"T={tokens},w={warps},s={stages}"
-        if warps > 1 and tokens == 8:  # gate_up gathers 8 routes a pass; two or four warps
+    for (cols, split), stages in ((t, st) for t in MMA_TILES for st in MMA_STAGES):
+        tag = f"C={cols},split={split},s={stages}"
+        xl = _x_layout(cols, split)
+        if cols <= 16:
             out.append(KernelConfig(f"moe_decode_gate_up_mma[{tag}]", _gate_up_mma_kernel, gate_up_sig,
-                                    {"TOKENS": tokens, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages,
-                                     "X_LAYOUT": _gather_layout(tokens, warps), "num_warps": warps},
-                                    num_warps=warps, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
+                                    {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages, "X_LAYOUT": xl,
+                                     "num_warps": split},
+                                    num_warps=split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
         out.append(KernelConfig(f"moe_decode_down_mma[{tag}]", _down_mma_kernel, down_sig,
-                                {"TOKENS": tokens, "POS": triton.next_power_of_2(tokens * 8), "E_P2": 64,
-                                 "STAGES": stages, "X_LAYOUT": _gather_layout(tokens, warps), "num_warps": warps},
-                                num_warps=warps, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
+                                {"COLS": cols, "POS": triton.next_power_of_2(cols // split * 8), "E_P2": 64,
+                                 "STAGES": stages, "X_LAYOUT": xl, "num_warps": split},
+                                num_warps=split, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
     return out
