@@ -526,16 +526,23 @@ _WEIGHT_FORMATS = ("int4", "mxfp8")
 #: The mma engine's MMA columns and warp splits by batch M: (max M, tokens, split_gate_up,
 #: split_down). A split of s gives each of s warps ``tokens / s`` columns (gate_up: member routes
 #: a pass over the weights, down: tokens a program) and 1/s of the work (gate_up: of K; down: of
-#: the expert visits), so small batches still put enough warps on each weight row block.
+#: the expert visits), so small batches still put several warps on each 16-row weight block.
+#: H200, 2026-11-30 (ninth session, `scripts/probes/decode_mma.py`, Kimi EP8, CUDA graph, L2
+#: flushed, 4 stages), gate_up + down us as (tokens, split_gate_up, split_down):
+#:   M=1: (8,2,4) 55.2 + 47.0; (8,4,8) 62.9 + 63.5; (8,8,8) 88.1 + 63.5; (8,4,4) 3 stages 59.2 + 43.7
+#:   M=2: (8,2,2) 92.9 + 66.7; (8,4,4) 108.6 + 83.9; (8,8,8) 160.1 + 108.4
+#:   M=4: (8,2,1) 155.0 + 159.3; (8,4,2) 181.6 + 109.6; (8,8,4) 301.6 + 125.7
+#:   M=8: (8,2,1) 208.8 + 218.8; (8,1,1) 217.0 + 218.7; (8,4,2) 274.9 + 197.1; (16,2,2) 258.0 + 195.0
+#:   M=16: (16,2,2) 340.5 + 372.4; (16,1,1) 374.6 + 396.6
+#:   M=32: (32,2,2) 408.5 + 923.8; (32,1,1) 418.6 + 1138.0; (16,1,2) 419.0 + 652.3 (down: 8 tokens a
+#:   program, so each expert's rows are read by 4 token blocks, and still faster: more programs)
+#: Two warps a split wins for gate_up everywhere (1024+ programs of two warps at M=1); 6 stages
+#: lost to 4 (shared memory: fewer programs an SM).
 _MMA_SPLITS = (
-    (1, 8, 4, 8),
-    (2, 8, 4, 4),
-    (4, 8, 4, 2),
-    (8, 8, 2, 1),
-    (16, 16, 1, 1),
-    (1 << 30, 32, 1, 1),
+    (1, 8, 2, 4),
+    (8, 8, 2, 2),
+    (1 << 30, 16, 2, 2),
 )
-
 _ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages", "split_gate_up", "split_down")
 #: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot|mma),
 #: LOWBIT_DECODE_BLOCK_I, _BLOCK_H, _TOKENS, _NUM_WARPS, _NUM_STAGES, _SPLIT_GATE_UP, _SPLIT_DOWN.
