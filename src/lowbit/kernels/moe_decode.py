@@ -519,7 +519,7 @@ _TILES = {
     ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
     # mma (`moe_decode_sm90`): 16 neurons / output rows a program; num_stages = the cp.async
     # ring's depth; tokens and the splits come from `_MMA_SPLITS`; num_warps unused
-    ("mma", "int4"): (16, 16, 4, 4, "not yet measured"),
+    ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 102.2 us, M=8: 405.9 (`_MMA_SPLITS`)"),
 }
 _WEIGHT_FORMATS = ("int4", "mxfp8")
 
@@ -600,7 +600,8 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
     if env_vals["engine"]:
         engine, why = env_vals["engine"].lower(), f"LOWBIT_DECODE_ENGINE={env_vals['engine']}"
     elif native and fmt == "int4":
-        engine, why = "mma", "INT4 on sm_90: the tensor-core engine (moe_decode_sm90)"
+        engine, why = "mma", ("INT4 on sm_90: the tensor-core engine, faster than fma / dot at every M of 1-32 "
+                              "(H200, Kimi EP8: 102 vs 168 us at M=1, 1071 vs 1287 at M=32)")
     else:
         _, engine, why = next(row for row in _ENGINES if rpe <= row[0])
     if (engine, fmt) not in _TILES:
