@@ -259,6 +259,16 @@ def test_compile_configs_cover_every_heuristic_choice():
         assert f"moe_decode_gate_up[{fmt},{c.engine},BI={c.block_i},{tail}" in names
         assert f"moe_decode_down[{fmt},{c.engine},BH={c.block_h},{tail}" in names
     assert fmts == {"int4", "mxfp8"}
+    # the mma engine (sm_90): every (columns, split, stages) its heuristics pick at M = 1..64
+    from lowbit.kernels import moe_decode_sm90
+
+    mma_names = {c.name for c in moe_decode_sm90.compile_configs()}
+    for m in range(1, 65):
+        c = moe_decode_config(m, 8, 48, 7168, 2048, native=True)
+        assert c.engine == "mma"
+        assert (f"moe_decode_gate_up_mma[C={min(c.tokens, 16)},split={c.split_gate_up},s={c.num_stages}]"
+                in mma_names)
+        assert f"moe_decode_down_mma[C={c.tokens},split={c.split_down},s={c.num_stages}]" in mma_names
 
 
 @pytest.mark.gpu

@@ -37,12 +37,16 @@ def main() -> None:
     w2 = pack_w4a16(make_weight(E, H, I, "cuda"))
     gen = torch.Generator().manual_seed(7)
     # (tokens, split_gate_up, split_down, stages); None = the heuristic's own choice
-    tiles = {1: [None, (8, 8, 8, 4), (8, 2, 4, 4), (8, 4, 8, 6), (8, 4, 4, 3)],
-             2: [None, (8, 2, 2, 4), (8, 8, 8, 4)],
-             4: [None, (8, 2, 1, 4), (8, 8, 4, 4)],
-             8: [None, (8, 1, 1, 4), (8, 4, 2, 4), (16, 2, 2, 4)],
-             16: [None, (16, 2, 2, 4), (16, 1, 1, 6)],
-             32: [None, (32, 1, 1, 6), (16, 1, 2, 4), (32, 2, 2, 4)]}
+    tiles = {1: [None, (8, 2, 4, 3), (8, 2, 4, 5), (8, 2, 8, 3), (8, 1, 2, 4)],
+             2: [None, (8, 2, 2, 3), (8, 2, 4, 4)],
+             4: [None, (8, 2, 2, 3), (8, 1, 2, 4)],
+             8: [None, (8, 2, 2, 3)]}
+    import os
+    if os.environ.get("DECODE_MMA_TILES"):  # e.g. "1:8,2,4,4;2:8,2,2,4"
+        tiles = {}
+        for item in os.environ["DECODE_MMA_TILES"].split(";"):
+            mm, t = item.split(":")
+            tiles.setdefault(int(mm), [None]).append(tuple(int(v) for v in t.split(",")))
     print(f"{'M':>3} {'hit':>4} {'tile':>16} {'gate_up us':>10} {'TB/s':>5} {'down us':>8} {'TB/s':>5} "
           f"{'sum':>7} {'floor':>6} {'err act':>8} {'err out':>8}", flush=True)
     for m in batches:

@@ -519,7 +519,7 @@ _TILES = {
     ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
     # mma (`moe_decode_sm90`): 16 neurons / output rows a program; num_stages = the cp.async
     # ring's depth; tokens and the splits come from `_MMA_SPLITS`; num_warps unused
-    ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 102.2 us, M=8: 405.9 (`_MMA_SPLITS`)"),
+    ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 92.8 us, M=4: 268.2 (`_MMA_SPLITS`)"),
 }
 _WEIGHT_FORMATS = ("int4", "mxfp8")
 
@@ -536,10 +536,12 @@ _WEIGHT_FORMATS = ("int4", "mxfp8")
 #:   M=16: (16,2,2) 340.5 + 372.4; (16,1,1) 374.6 + 396.6
 #:   M=32: (32,2,2) 408.5 + 923.8; (32,1,1) 418.6 + 1138.0; (16,1,2) 419.0 + 652.3 (down: 8 tokens a
 #:   program, so each expert's rows are read by 4 token blocks, and still faster: more programs)
-#: Two warps a split wins for gate_up everywhere (1024+ programs of two warps at M=1); 6 stages
-#: lost to 4 (shared memory: fewer programs an SM).
+#: Second sweep (same call as the first's layer bench), M=1: (8,1,2) 54.8 + 37.7; (8,2,4) 55.1 +
+#: 46.6; 3 stages (8,2,4) 53.6 + 43.3; 5 stages 57.8 + 49.5; (8,2,8) 3 stages 53.8 + 65.5. M=2: (8,2,2)
+#: 94.8 + 66.3, (8,2,4) 94.2 + 84.2; M=4: (8,2,2) 157.5 + 110.7, (8,1,2) 166.5 + 110.6.
+#: So two warps a split for both kernels at every M (gate_up: 1024+ programs of two warps at M=1;
+#: down: more splits cost registers and shared memory, fewer programs an SM); 4 stages.
 _MMA_SPLITS = (
-    (1, 8, 2, 4),
     (8, 8, 2, 2),
     (1 << 30, 16, 2, 2),
 )
@@ -601,7 +603,7 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
         engine, why = env_vals["engine"].lower(), f"LOWBIT_DECODE_ENGINE={env_vals['engine']}"
     elif native and fmt == "int4":
         engine, why = "mma", ("INT4 on sm_90: the tensor-core engine, faster than fma / dot at every M of 1-32 "
-                              "(H200, Kimi EP8: 102 vs 168 us at M=1, 1071 vs 1287 at M=32)")
+                              "(H200, Kimi EP8: 93 vs 168 us at M=1, 1071 vs 1287 at M=32)")
     else:
         _, engine, why = next(row for row in _ENGINES if rpe <= row[0])
     if (engine, fmt) not in _TILES:

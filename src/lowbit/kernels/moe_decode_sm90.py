@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from .int4_dequant import dequant_byte_ptx
 from .w4a16_sm90 import _dequant_byte
 
-__all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_TILES"]
+__all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_EXTRA_TILES", "compile_configs"]
 
 
 def _check_contiguous(w, who: str) -> None:
@@ -448,6 +448,15 @@ def _down_mma_kernel(
 
 
 # =========================================================================== launchers
+def _maxnreg(stage: str) -> dict:
+    """Probe knob (not a tuned default): ``LOWBIT_DECODE_MMA_MAXNREG_<STAGE>`` caps the registers a
+    thread, for occupancy experiments."""
+    import os
+
+    v = os.environ.get(f"LOWBIT_DECODE_MMA_MAXNREG_{stage}")
+    return {"maxnreg": int(v)} if v else {}
+
+
 def _x_layout(cols: int, num_warps: int) -> gl.BlockedLayout:
     """The B copies' layout for a stage's ``[8, cols, 32]`` bf16 boxes: 16-byte pieces, warps
     along the groups (each warp copies whole boxes, no thread copies a piece twice)."""
@@ -470,6 +479,7 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, cols: int, split: int, stages
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
         COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split,
+        **_maxnreg("GATE_UP"),
     )
 
 
@@ -491,14 +501,14 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, cols: int, split: int,
         m, top_k, w2.num_experts, h, inter, nk,
         out.stride(0),
         COLS=cols, POS=triton.next_power_of_2(mb * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
-        STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split,
+        STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split, **_maxnreg("DOWN"),
     )
 
 
 # =========================================================================== compile tier
-#: (cols, split) tiles the heuristics can pick: B columns and warps splitting the work.
-MMA_TILES = ((8, 8), (8, 4), (8, 2), (8, 1), (16, 1), (32, 1))
-MMA_STAGES = (4, 6)
+#: (cols, split) tiles compiled beyond the heuristics' picks (`moe_decode._MMA_SPLITS`): the
+#: probe's alternatives, so an override that reaches them is known to build.
+MMA_EXTRA_TILES = ((8, 1), (8, 4), (8, 8), (16, 1), (32, 1))
 
 
 def compile_configs():
@@ -514,17 +524,20 @@ def compile_configs():
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "COLS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
                 "STAGES": "constexpr", "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
+    from .moe_decode import _MMA_SPLITS, _TILES
+
+    stages = _TILES["mma", "int4"][3]
+    gate_up = {(min(t, 16), sg) for _, t, sg, _ in _MMA_SPLITS} | {(c, w) for c, w in MMA_EXTRA_TILES if c <= 16}
+    down = {(t, sd) for _, t, _, sd in _MMA_SPLITS} | set(MMA_EXTRA_TILES)
     out = []
-    for (cols, split), stages in ((t, st) for t in MMA_TILES for st in MMA_STAGES):
-        tag = f"C={cols},split={split},s={stages}"
-        xl = _x_layout(cols, split)
-        if cols <= 16:
-            out.append(KernelConfig(f"moe_decode_gate_up_mma[{tag}]", _gate_up_mma_kernel, gate_up_sig,
-                                    {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages, "X_LAYOUT": xl,
-                                     "num_warps": split},
-                                    num_warps=split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
-        out.append(KernelConfig(f"moe_decode_down_mma[{tag}]", _down_mma_kernel, down_sig,
+    for cols, split in sorted(gate_up):
+        out.append(KernelConfig(f"moe_decode_gate_up_mma[C={cols},split={split},s={stages}]", _gate_up_mma_kernel,
+                                gate_up_sig, {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages,
+                                              "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
+                                num_warps=split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
+    for cols, split in sorted(down):
+        out.append(KernelConfig(f"moe_decode_down_mma[C={cols},split={split},s={stages}]", _down_mma_kernel, down_sig,
                                 {"COLS": cols, "POS": triton.next_power_of_2(cols // split * 8), "E_P2": 64,
-                                 "STAGES": stages, "X_LAYOUT": xl, "num_warps": split},
+                                 "STAGES": stages, "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
                                 num_warps=split, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
     return out
