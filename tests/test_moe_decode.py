@@ -379,7 +379,7 @@ def test_mma_engine_refusals(gen):
     with pytest.raises(ValueError, match="split_down"):
         md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 6, split_down=3))
     with pytest.raises(ValueError, match="num_stages"):
-        md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 1))
+        md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 2))
     e, h, inter, k = 2, 64, 32, 1
     w13, w2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, "cpu")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)

@@ -577,8 +577,8 @@ def _validate_config(cfg: DecodeConfig) -> None:
                              f"split_gate_up / split_down in (1, 2, 4, 8) dividing the columns (gate_up uses "
                              f"min(tokens, 16)), got block_i={cfg.block_i} block_h={cfg.block_h} tokens={cfg.tokens} "
                              f"split_gate_up={cfg.split_gate_up} split_down={cfg.split_down}")
-        if cfg.num_stages not in (2, 3, 4, 5, 6, 8):
-            raise ValueError(f"decode engine 'mma': num_stages (the cp.async ring) in 2..8, got {cfg.num_stages}")
+        if cfg.num_stages not in (3, 4, 5, 6, 8):
+            raise ValueError(f"decode engine 'mma': num_stages (the cp.async ring) in 3..8, got {cfg.num_stages}")
         return
     for name in ("block_i", "block_h"):
         v = getattr(cfg, name)

@@ -65,53 +65,46 @@ def _add(a, b):
 
 
 @gluon.jit
-def _rings(ROWS: gl.constexpr, COLS: gl.constexpr, STAGES: gl.constexpr, KSUB: gl.constexpr):
-    """The STAGES-deep cp.async rings, KSUB 256-wide K steps a stage: packed words ``[STAGES, ROWS,
-    32 KSUB]`` i32 (32-byte units XOR-swizzled by row mod 4: a half-warp's 8-byte fragment reads,
-    4 rows x 4 lanes, then hit all 32 banks once; 8-byte units by row mod 8 left them 4-way
-    conflicted), scales ``[STAGES, 8 KSUB, ROWS]`` bf16 and the B rows ``[STAGES * 8 KSUB, COLS,
-    32]`` bf16 (ldmatrix reads)."""
-    wring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 32 * KSUB], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
-    sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8 * KSUB, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    xring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 8 * KSUB, COLS, 32],
+def _rings(ROWS: gl.constexpr, COLS: gl.constexpr, STAGES: gl.constexpr):
+    """The STAGES-deep cp.async rings: packed words ``[STAGES, ROWS, 32]`` i32 (32-byte units
+    XOR-swizzled by row mod 4: a half-warp's 8-byte fragment reads, 4 rows x 4 lanes, then hit
+    all 32 banks once; 8-byte units by row mod 8 left them 4-way conflicted), scales
+    ``[STAGES, 8, ROWS]`` bf16 and the B rows ``[STAGES * 8, COLS, 32]`` bf16 (ldmatrix reads)."""
+    wring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 32], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
+    sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    xring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 8, COLS, 32],
                                       gl.NVMMASharedLayout.get_default_for([COLS, 32], gl.bfloat16))
     return wring, sring, xring
 
 
 @gluon.jit
-def _fill(wring, sring, xring, st, kt, w_rows, w_ok, w_left, s_ptr, s_rows, s_ok, s_left, s_step, x_rows, x_k0,
-          x_ok, x_left, K, wc_l: gl.constexpr, sc_l: gl.constexpr, x_l: gl.constexpr):
-    """cp.async of stage step `kt` (K steps ``KSUB kt ..`` of 256) into stage `st` of the rings,
-    one commit group. Per row (row vectors, so no pointer tile stays live across the loop):
-    w_rows ``[ROWS]`` pointers to each weight row's K step 0 (its warp's K chunk included), w_ok,
-    and w_left (the row's K steps from there: later ones are zero-filled), in ``SliceLayout(1,
-    wc_l)``; s_rows / s_ok / s_left the same for the scales as element offsets from `s_ptr`
-    (``SliceLayout(0, sc_l)``, `s_step` elements a K step); x_rows / x_ok / x_left ``[COLS]`` the
-    B rows (``SliceLayout(0, SliceLayout(2, x_l))``), group g = K ``x_k0 + 256 KSUB kt + 32g ..``,
-    zero past `K`. Words go in 16-byte pieces, scales in 4-byte ones (two adjacent rows), the
-    ``[8 KSUB, COLS, 32]`` B boxes in 16-byte ones. Dead rows and steps are zero-filled: they add
-    exact zeros. The copies need not land where the reading thread wants them: the consumer
-    waits for its own groups, then a CTA barrier."""
-    KSUB: gl.constexpr = sring.shape[1] // 8
-    cols = gl.arange(0, 32 * KSUB, layout=gl.SliceLayout(0, wc_l))
-    w_live = w_ok[:, None] & ((kt * KSUB + cols // 32)[None, :] < w_left[:, None])
-    async_copy.async_copy_global_to_shared(wring.index(st), w_rows[:, None] + (kt * 32 * KSUB + cols)[None, :],
-                                           mask=w_live)
-    g_s = gl.arange(0, 8 * KSUB, layout=gl.SliceLayout(1, sc_l))
-    s_off = s_rows[None, :] + (kt * KSUB * s_step + g_s * (s_step // 8))[:, None]
+def _fill(wring, sring, xring, st, kt, w_rows, w_ok, s_ptr, s_rows, s_ok, s_step, x_rows, x_k0, x_ok, K,
+          wc_l: gl.constexpr, sc_l: gl.constexpr, x_l: gl.constexpr):
+    """cp.async of K step `kt` into stage `st` of the rings, one commit group. Per row (row
+    vectors, so no pointer tile stays live across the loop): w_rows ``[ROWS]`` pointers to each
+    weight row's K step 0 (its warp's K chunk included) and w_ok, in ``SliceLayout(1, wc_l)``;
+    s_rows / s_ok the same for the scales as element offsets from `s_ptr` (``SliceLayout(0,
+    sc_l)``, `s_step` elements a K step);
+    x_rows / x_ok ``[COLS]`` the B rows (``SliceLayout(0, SliceLayout(2, x_l))``), group g = K
+    ``x_k0 + 256kt + 32g ..``, zero past `K`. Words go in 16-byte pieces, scales in 4-byte
+    ones (two adjacent rows), the ``[8, COLS, 32]`` B boxes in 16-byte ones. Dead rows and steps
+    are zero-filled: they add exact zeros. The copies need not land where the reading thread
+    wants them: the consumer waits for its own groups, then a CTA barrier."""
+    cols = gl.arange(0, 32, layout=gl.SliceLayout(0, wc_l))
+    async_copy.async_copy_global_to_shared(wring.index(st), w_rows[:, None] + (kt * 32 + cols)[None, :],
+                                           mask=w_ok[:, None])
+    g_s = gl.arange(0, 8, layout=gl.SliceLayout(1, sc_l))
+    s_off = s_rows[None, :] + (kt * s_step + g_s * (s_step // 8))[:, None]
     # a row pair never straddles a 16-row block: its two scales are adjacent and share the mask
     s_off = gl.max_contiguous(gl.multiple_of(s_off, [1, 2]), [1, 2])
-    s_live = gl.max_constancy(s_ok[None, :] & ((kt * KSUB + g_s // 8)[:, None] < s_left[None, :]), [1, 2])
-    async_copy.async_copy_global_to_shared(sring.index(st), s_ptr + s_off, mask=s_live)
-    g = gl.arange(0, 8 * KSUB, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
+    async_copy.async_copy_global_to_shared(sring.index(st), s_ptr + s_off, mask=gl.max_constancy(s_ok[None, :], [1, 2]))
+    g = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
     j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
     COLS: gl.constexpr = xring.shape[1]
     STAGES: gl.constexpr = wring.shape[0]
-    boxes = xring._reinterpret(gl.bfloat16, [STAGES, 8 * KSUB * COLS, 32], xring.type.layout).index(st)
-    boxes = boxes.reshape([8 * KSUB, COLS, 32])
-    k = x_k0[None, :, None] + kt * 256 * KSUB + g * 32  # K is a multiple of 32: a group is all in or all out
-    x_live = x_ok[None, :, None] & (k < K) & ((kt * KSUB + g // 8) < x_left[None, :, None])
-    async_copy.async_copy_global_to_shared(boxes, x_rows[None, :, None] + (k + j), mask=x_live)
+    boxes = xring._reinterpret(gl.bfloat16, [STAGES, 8 * COLS, 32], xring.type.layout).index(st).reshape([8, COLS, 32])
+    k = x_k0[None, :, None] + kt * 256 + g * 32  # K is a multiple of 32: a group is all in or all out
+    async_copy.async_copy_global_to_shared(boxes, x_rows[None, :, None] + (k + j), mask=x_ok[None, :, None] & (k < K))
     async_copy.commit_group()
 
 
@@ -138,25 +131,22 @@ def _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK: gl.constexpr, s
 @gluon.jit
 def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, dot_a: gl.constexpr,
                dot_b: gl.constexpr, acc_e, acc_o):
-    """The KSUB 256-wide K steps held in stage `st` for the ``[BW, COLS]`` tile whose words are rows
-    ``row0 .. row0+BW``: dequantized straight into A fragments (`int4_dequant.dequant_byte_ptx`),
-    times the stage's B boxes; groups 2j / 2j + 1 into the even / odd accumulator (two mma.sync
-    chains)."""
+    """One 256-wide K step of the ``[BW, COLS]`` tile whose words are rows ``row0 .. row0+BW`` of
+    stage `st`: dequantized straight into A fragments (`int4_dequant.dequant_byte_ptx`), times the
+    stage's B boxes; groups 2j / 2j + 1 into the even / odd accumulator (two mma.sync chains)."""
+    words = wring.index(st).slice(row0, BW, dim=0).load(dot_a)
     ROWS: gl.constexpr = wring.shape[1]
-    KSUB: gl.constexpr = sring.shape[1] // 8
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sc = sring.index(st)._reinterpret(gl.bfloat16, [8 * KSUB * ROWS], plain)
+    sc = sring.index(st)._reinterpret(gl.bfloat16, [8 * ROWS], plain)
     srow: gl.constexpr = gl.SliceLayout(1, dot_a)
-    for sub in gl.static_range(KSUB):
-        words = wring.index(st).slice(32 * sub, 32, dim=1).slice(row0, BW, dim=0).load(dot_a)
-        for j in gl.static_range(4):
-            s_e = sc.slice((8 * sub + 2 * j) * ROWS + row0, BW).load(srow)
-            s_o = sc.slice((8 * sub + 2 * j + 1) * ROWS + row0, BW).load(srow)
-            xe = xring.index((st * KSUB + sub) * 8 + 2 * j).permute((1, 0)).load(dot_b)
-            xo = xring.index((st * KSUB + sub) * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
-            w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], dequant_byte_ptx(j))
-            acc_e = mma_v2(w_e, xe, acc_e)
-            acc_o = mma_v2(w_o, xo, acc_o)
+    for j in gl.static_range(4):
+        s_e = sc.slice((2 * j) * ROWS + row0, BW).load(srow)
+        s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow)
+        xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
+        xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
+        w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], dequant_byte_ptx(j))
+        acc_e = mma_v2(w_e, xe, acc_e)
+        acc_o = mma_v2(w_o, xo, acc_o)
     return acc_e, acc_o
 
 
@@ -181,8 +171,8 @@ def _gate_up_mma_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     num_routes, top_k, num_experts, H, I, nk,
     stride_xm, stride_am,
-    COLS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, KSUB: gl.constexpr,
-    X_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
+    COLS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (ib, r): neurons ``16 ib ..`` of the routes of expert ``topk_ids.flat[r]`` when r is
     that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
@@ -241,13 +231,8 @@ def _gate_up_mma_kernel(
     # B rows: column c = (warp c // MB, member c % MB); x rows and their K chunk
     cx = gl.arange(0, COLS, layout=xrow_l)
     k0_x = (cx // MB) * CK
-    wring, sring, xring = _rings(2 * BW, COLS, STAGES, KSUB)
+    wring, sring, xring = _rings(2 * BW, COLS, STAGES)
     red = gl.allocate_shared_memory(gl.float32, [BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    # K steps of each row's / column's chunk (the last warp's may be short or empty)
-    w_left = gl.minimum(nk - k0_w, CK)
-    s_left = gl.minimum(nk - k0_s, CK)
-    x_left = gl.minimum(nk - k0_x, CK)
-    CKS = gl.cdiv(CK, KSUB)  # stage steps of a chunk
     want_l: gl.constexpr = gl.SliceLayout(1, scan)
     x_k0 = k0_x * 256
     for grp in range(0, gl.cdiv(n_members, MB)):
@@ -263,15 +248,16 @@ def _gate_up_mma_kernel(
         acc_ue = gl.zeros([BW, COLS], gl.float32, mma)
         acc_uo = gl.zeros([BW, COLS], gl.float32, mma)
         for st in gl.static_range(STAGES - 1):
-            _fill(wring, sring, xring, st, st, w_rows, (n_w < I) & (st < CKS), w_left, s_ptr, s_rows,
-                  (n_s < I) & (st < CKS), s_left, 8 * 2 * I, x_rows, x_k0, x_ok & (st < CKS), x_left, H,
+            _fill(wring, sring, xring, st, st, w_rows, (n_w < I) & (k0_w + st < nk) & (st < CK), s_ptr, s_rows,
+                  (n_s < I) & (k0_s + st < nk) & (st < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (st < CK), H,
                   wc_l, sc_l, X_LAYOUT)
-        for kt in range(0, CKS):
-            async_copy.wait_group(STAGES - 2)  # stage step kt landed (this thread's copies)
+        for kt in range(0, CK):
+            async_copy.wait_group(STAGES - 2)  # step kt landed (this thread's copies)
             gl.thread_barrier()  # every thread's copies landed; the stage refilled next was read
             nxt = kt + STAGES - 1
-            _fill(wring, sring, xring, nxt % STAGES, nxt, w_rows, (n_w < I) & (nxt < CKS), w_left, s_ptr, s_rows,
-                  (n_s < I) & (nxt < CKS), s_left, 8 * 2 * I, x_rows, x_k0, x_ok & (nxt < CKS), x_left, H,
+            _fill(wring, sring, xring, nxt % STAGES, nxt, w_rows, (n_w < I) & (k0_w + nxt < nk) & (nxt < CK), s_ptr,
+                  s_rows,
+                  (n_s < I) & (k0_s + nxt < nk) & (nxt < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (nxt < CK), H,
                   wc_l, sc_l, X_LAYOUT)
             acc_ge, acc_go = _tile_step(wring, sring, xring, kt % STAGES, 0, BW, dot_a, dot_b, acc_ge, acc_go)
             acc_ue, acc_uo = _tile_step(wring, sring, xring, kt % STAGES, BW, BW, dot_a, dot_b, acc_ue, acc_uo)
@@ -364,8 +350,8 @@ def _down_mma_kernel(
     act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
     stride_om,
-    COLS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, KSUB: gl.constexpr,
-    X_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
+    COLS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (hb, tb): outputs ``16 hb ..`` of tokens ``tb * MB ..`` (MB = COLS / num_warps).
     W2 words ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous.
@@ -398,12 +384,8 @@ def _down_mma_kernel(
     present = gl.histogram(ids_p, E_P2, mask=ok_p, layout=flat) > 0
     rank = gl.associative_scan(present.to(gl.int32), 0, _add) - 1
     bins = gl.arange(0, E_P2, layout=flat)
-    nks = gl.cdiv(nk, KSUB)  # stage steps a visit
-    n_steps = gl.cdiv(gl.sum(present.to(gl.int32), axis=0), SPLIT) * nks
-    wring, sring, xring = _rings(BW, COLS, STAGES, KSUB)
-    w_left = gl.zeros([BW], gl.int32, gl.SliceLayout(1, wc_l)) + nk
-    s_left = gl.zeros([BW], gl.int32, gl.SliceLayout(0, sc_l)) + nk
-    x_left = gl.zeros([COLS], gl.int32, gl.SliceLayout(0, x2_l)) + nk
+    n_steps = gl.cdiv(gl.sum(present.to(gl.int32), axis=0), SPLIT) * nk
+    wring, sring, xring = _rings(BW, COLS, STAGES)
     red = gl.allocate_shared_memory(gl.float32, [BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x_k0 = gl.zeros([COLS], gl.int32, gl.SliceLayout(0, x2_l))
 
@@ -417,10 +399,10 @@ def _down_mma_kernel(
                                                               ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
     for st in gl.static_range(STAGES - 1):
         live = st < n_steps
-        _fill(wring, sring, xring, st, kf, w_rows, w_ok & live, w_left, s_ptr, s_rows, s_ok & live, s_left, 8 * H,
-              x_rows, x_k0, x_ok & live, x_left, I, wc_l, sc_l, X_LAYOUT)
+        _fill(wring, sring, xring, st, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows, x_k0,
+              x_ok & live, I, wc_l, sc_l, X_LAYOUT)
         kf += 1
-        if kf == nks:
+        if kf == nk:
             rf += 1
             kf = 0
             w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
@@ -432,10 +414,10 @@ def _down_mma_kernel(
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         live = st + STAGES - 1 < n_steps
-        _fill(wring, sring, xring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, w_left, s_ptr, s_rows,
-              s_ok & live, s_left, 8 * H, x_rows, x_k0, x_ok & live, x_left, I, wc_l, sc_l, X_LAYOUT)
+        _fill(wring, sring, xring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live,
+              8 * H, x_rows, x_k0, x_ok & live, I, wc_l, sc_l, X_LAYOUT)
         kf += 1
-        if kf == nks:
+        if kf == nk:
             rf += 1
             kf = 0
             w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
@@ -443,7 +425,7 @@ def _down_mma_kernel(
                 x2_l, flat)
         part_e, part_o = _tile_step(wring, sring, xring, st % STAGES, 0, BW, dot_a, dot_b, part_e, part_o)
         kt += 1
-        if kt == nks:  # the round's last step: fold each visit's routing weights in, per column
+        if kt == nk:  # the round's last step: fold each visit's routing weights in, per column
             e_c = _pick(_round_experts(it, present, rank, bins, SPLIT, flat),
                         gl.arange(0, COLS, layout=gl.SliceLayout(0, mma)) // MB, gl.SliceLayout(0, mma))
             jm = gl.arange(0, 32, layout=gl.SliceLayout(1, mma))
@@ -475,13 +457,6 @@ def _maxnreg(stage: str) -> dict:
     return {"maxnreg": int(v)} if v else {}
 
 
-def _ksub(stage: str) -> int:
-    """Probe knob: ``LOWBIT_DECODE_MMA_KSUB_<STAGE>`` K steps of 256 a ring stage (default 1)."""
-    import os
-
-    return int(os.environ.get(f"LOWBIT_DECODE_MMA_KSUB_{stage}", "1"))
-
-
 def _x_layout(cols: int, num_warps: int) -> gl.BlockedLayout:
     """The B copies' layout for a stage's ``[8, cols, 32]`` bf16 boxes: 16-byte pieces, warps
     along the groups (each warp copies whole boxes, no thread copies a piece twice)."""
@@ -503,8 +478,8 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, cols: int, split: int, stages
         hidden, topk_ids, w13.qweight, w13.scales, out,
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
-        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, KSUB=_ksub("GATE_UP"), X_LAYOUT=_x_layout(cols, split),
-        num_warps=split, **_maxnreg("GATE_UP"),
+        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split,
+        **_maxnreg("GATE_UP"),
     )
 
 
@@ -526,7 +501,7 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, cols: int, split: int,
         m, top_k, w2.num_experts, h, inter, nk,
         out.stride(0),
         COLS=cols, POS=triton.next_power_of_2(mb * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
-        STAGES=stages, KSUB=_ksub("DOWN"), X_LAYOUT=_x_layout(cols, split), num_warps=split, **_maxnreg("DOWN"),
+        STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split, **_maxnreg("DOWN"),
     )
 
 
@@ -543,13 +518,12 @@ def compile_configs():
     gate_up_sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
                    "stride_xm": "i32", "stride_am": "i32",
-                   "COLS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr", "KSUB": "constexpr",
-                   "X_LAYOUT": "constexpr",
+                   "COLS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr", "X_LAYOUT": "constexpr",
                    "num_warps": "constexpr"}
     down_sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*bf16",
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "COLS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
-                "STAGES": "constexpr", "KSUB": "constexpr", "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
+                "STAGES": "constexpr", "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
     from .moe_decode import _MMA_SPLITS, _TILES
 
     stages = _TILES["mma", "int4"][3]
@@ -558,12 +532,12 @@ def compile_configs():
     out = []
     for cols, split in sorted(gate_up):
         out.append(KernelConfig(f"moe_decode_gate_up_mma[C={cols},split={split},s={stages}]", _gate_up_mma_kernel,
-                                gate_up_sig, {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages, "KSUB": 1,
+                                gate_up_sig, {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages,
                                               "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
                                 num_warps=split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
     for cols, split in sorted(down):
         out.append(KernelConfig(f"moe_decode_down_mma[C={cols},split={split},s={stages}]", _down_mma_kernel, down_sig,
                                 {"COLS": cols, "POS": triton.next_power_of_2(cols // split * 8), "E_P2": 64,
-                                 "STAGES": stages, "KSUB": 1, "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
+                                 "STAGES": stages, "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
                                 num_warps=split, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
     return out
