@@ -272,14 +272,12 @@ def test_compile_configs_cover_every_heuristic_choice():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["heuristic", "fma", "mma"])
-@pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
+@pytest.mark.parametrize("fmt,engine", [("int4", "heuristic"), ("int4", "fma"), ("int4", "mma"),
+                                        ("mxfp8", "heuristic"), ("mxfp8", "fma")])
 def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
     """Capture moe_decode (no host readback), replay with new topk_ids / topk_weights (one
     replay with a dropped slot). M=4 over 8 experts: the heuristics pick the mma engine for
-    INT4 on sm_90, the dot engine for MXFP8."""
-    if engine == "mma" and fmt != "int4":
-        pytest.skip("the mma engine takes INT4 weights only (test_mma_engine_refusals)")
+    INT4 on sm_90, the dot engine for MXFP8 (the mma engine takes INT4 only)."""
     e, h, inter, m, k = 8, 256, 128, 4, 3
     cfg = {"heuristic": None, "fma": DecodeConfig("fma", 16, 16, 1, 4, 2),
            "mma": DecodeConfig("mma", 16, 16, 8, 4, 6, split_gate_up=2, split_down=2)}[engine]

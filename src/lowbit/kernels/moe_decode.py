@@ -30,7 +30,7 @@ Weight formats (activations stay BF16 throughout, weights are upcast in register
 - MXFP8: an `Mxfp8ExpertWeight` (E4M3 codes + E8M0 byte per 32, see `pack_mxfp8_experts`).
   ``code * 2**(byte - 127)`` is exact in FP32 (and in BF16, for any scale in 2^-117..2^119).
 
-Two engines map outputs to programs (`DecodeConfig.engine`; both give the same function up to
+Three engines map outputs to programs (`DecodeConfig.engine`; all give the same function up to
 FP32 summation order):
 
 - ``"fma"`` -- the seed's warp decode, one output unit per program, CUDA-core math.
@@ -53,13 +53,21 @@ FP32 summation order):
   ``sum_j w[t, j] [topk_ids[t, j] == e]`` into the accumulator of token t (INT4 runs the
   W4A16 main loop `w4a16_core.w4a16_tile` there, tokens on the MMA's N side).
 
-Status (H200, 2026-11-29): correct on the GPU (tests incl. CUDA-graph replay), tiles and the
-engine switch measured (`_TILES`, `_ENGINES`), but far from the read-bandwidth target: the
-Kimi EP8 INT4 layer takes 164 us at M=1 (27% of 4.50 TB/s on the bytes of the experts hit;
-Humming's indexed path 103 us, lowbit's indexed layer 132 us) and falls further behind as M
-grows: lowbit's indexed path is faster at every batch 1-32 (docs/performance.md, fourth session).
-The fma engine is issue-bound rather than memory-bound (the dequantized pair is widened to FP32
-and multiplied lane by lane); the dot engine runs many tiny K=32 products per 256-wide step.
+- ``"mma"`` -- INT4 on sm_90 only (Gluon, `moe_decode_sm90`): the dot engine's outputs and
+  owner rule, rebuilt to stream weights. Words, scales and activations go through a cp.async
+  ring in shared memory (no TMA, one CTA barrier a step), each warp dequantizes its 16 weight
+  rows straight into mma.sync A fragments, and at small batches the warps of a program split
+  the work instead of the rows (gate_up: K; down: the expert visits), each against its own
+  block of MMA columns, summed once at the end. The default for INT4 on sm_90 (`_MMA_SPLITS`).
+
+Status (H200, 2026-11-30, ninth session; docs/performance.md): the mma engine's Kimi EP8 INT4
+layer takes 87.7 us at one token, 1.10x Humming's indexed layer (96.5 us) and 1.29x lowbit's
+(113.4 us), 50% of the 4.50 TB/s read bandwidth on the bytes of the experts hit (the issue-5
+target is 85%: missed); 0.93x / 0.89x Humming at 2 / 4 tokens; from 8 tokens lowbit's indexed
+path is faster (the crossover). What bounds it: instruction issue (~350 instructions a warp
+a 16-row x 256-K step, 2 of them a weight for the dequantization; 0.53-0.56 issued a cycle per
+scheduler with 2-3 warps each, ncu). The Triton fma / dot engines (the CPU path, and MXFP8)
+take 168 / 1287 us at 1 / 32 tokens.
 """
 
 from __future__ import annotations

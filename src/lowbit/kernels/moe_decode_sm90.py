@@ -1,41 +1,51 @@
-"""Tensor-core output-centric MoE decode for INT4 group-32 weights (engine ``"mma"``, Gluon, sm_80+).
+"""Tensor-core output-centric MoE decode for INT4 group-32 weights (engine ``"mma"``, Gluon, sm_90).
 
 The same two stages and the same semantics as `moe_decode` (its module docstring and
-`lowbit.reference.moe_experts_ref(..., round_intermediate=True)`), built for one thing: stream
-the experts' weight bytes at the read bandwidth with one to a few tokens.
+`lowbit.reference.moe_experts_ref(..., round_intermediate=True)`), built to stream the experts'
+weight bytes with one to a few tokens. The Triton ``fma`` engine multiplies lane by lane on the
+CUDA cores (4-5 instructions a weight, 27% of the read bandwidth at one token).
 
-Why a separate engine. The Triton ``fma`` engine multiplies lane by lane on the CUDA cores
-(~4-5 instructions a weight: issue-bound, 27% of the read bandwidth at one token) and the
-W4A16 GEMM kernels stream weights through a TMA ring with a CTA barrier a step (the TMA
-skeleton alone streams 3.1-3.5 TB/s, `scripts/probes/tma_stream.py`). Here nothing goes through
-shared memory:
+The main loop, both kernels (`_fill`, `_tile_step`):
 
-- Each warp owns 16 weight rows (the ``m16n8k16`` A operand; gate_up: 16 gate rows and the 16
-  matching up rows). Its lanes load the packed words of a 256-wide K step straight from global
-  memory into the A-fragment registers (the ``k256-group-nibbles`` layout of the indexed
-  profile is already fragment-friendly: a word holds one weight of each of 8 groups, so word j
-  of the step is K ``32g + j`` of group g), dequantize them in place with `int4_dequant`'s
-  PTX (two instructions a weight), and issue ``mma.sync`` with the tokens on the N side.
-- The loads of step ``k + 2`` are issued before step ``k`` is dequantized (a two-step register
-  ring, unrolled so the ring never moves between registers): each warp keeps two steps of
-  words and scales in flight with no barrier anywhere in the loop.
-- Activations (the B operand, 8-32 token columns) are read from global memory in the B
-  fragment layout: a few KB a token, L1/L2-resident.
+- A STAGES-deep cp.async ring in shared memory holds, per 256-wide K step, the packed words
+  (16-byte copies), the scales (4-byte copies of row pairs) and the B rows (the tokens'
+  activations, ``[8, COLS, 32]`` boxes, zero-filled for dead columns and the K tail). Each step:
+  wait for this thread's copies, one CTA barrier, refill the stage read a step ago, then compute.
+- Each warp owns 16 weight rows (the ``m16n8k16`` A operand): it reads the step's words straight
+  into A fragments (the ``k256-group-nibbles`` layout of the indexed profile is fragment-ready:
+  word j of a step is K ``32g + j`` of group g), dequantizes them in place with
+  `int4_dequant.dequant_byte_ptx` (two instructions a weight, bit-identical to the other paths'
+  ``bf16((q - 8) * s)``) and issues mma.sync against ldmatrix'd B fragments, FP32 accumulation.
+- Small batches leave most MMA columns empty, and 16-row blocks alone give too few warps at one
+  token, so the ``SPLIT`` warps of a program split the *work* on the same 16 rows: each warp takes
+  ``COLS / SPLIT`` of the MMA columns for its share (the mma layout replicates B across warps,
+  so columns are where the warps can differ), and `_diagonal_sum` adds the warps' partials once
+  at the end through shared memory.
 
-gate_up: grid ``(I / BLOCK_I, routes)``. The program of route r owns the neuron block of its
-expert when r is the expert's first route ("owner"); it gathers every route of that expert
-(``TOKENS`` at a time) and computes ``SiLU(gate) * up`` for all of them in one pass over the
-weight rows; other programs of that expert return at once.
+Why not registers or TMA. A register ring (the loads of step k + 2 issued before step k is
+dequantized) compiled to loads that ptxas sank to the end of the loop body, so every step waited
+a full memory latency (H200, this session: 1.4-2.0 TB/s); the W4A16 GEMMs' TMA skeleton streams
+3.1-3.5 TB/s at most (`scripts/probes/tma_stream.py`). Measured bounds of this loop (ncu, one
+token): 0.53-0.56 instructions issued a cycle per scheduler with 2-3 warps each; ~350
+instructions a warp a 16-row x 256-K step; an XOR swizzle of 8-byte units had left the word
+reads 4-way bank-conflicted (fixed: 32-byte units by row mod 4).
 
-down: grid ``(H / BLOCK_H, cdiv(M, TOKENS))``. A program owns ``BLOCK_H`` output dims of
-``TOKENS`` tokens and visits each distinct expert of those tokens once (a histogram of their
-``topk_ids``), in one flat loop over (expert, K step) so the register ring runs across expert
-boundaries; after an expert's last step its partial product is scaled per token by
-``sum_j topk_weights[t, j] [topk_ids[t, j] == e]`` into the FP32 accumulator (every slot of a
-repeated expert counts, as in the reference). One write of the final output: no combine.
+gate_up (`_gate_up_mma_kernel`): grid ``(cdiv(I, 16), routes)``. The program of route r owns 16
+neurons of its expert when r is the expert's first route (the dot engine's owner rule); it
+gathers that expert's routes, ``COLS / SPLIT`` a pass, and computes both projections (a gate
+and an up tile a warp) over its warp's K chunk, then ``SiLU(gate) * up`` of the summed partials.
+Other programs of that expert return at once.
 
-Gluon does not run under the Triton interpreter: the Triton engines stay the path on CPU and
-the reference for the tests.
+down (`_down_mma_kernel`): grid ``(cdiv(H, 16), cdiv(M, COLS / SPLIT))``. A program owns 16
+output dims of ``COLS / SPLIT`` tokens and visits each distinct local expert of those tokens once
+(a histogram of their ``topk_ids``), SPLIT visits a round (warp w: visit ``round * SPLIT + w``),
+in one flat loop over (round, K step) so the ring runs across expert boundaries; after a round's
+last step each warp scales its partial per token by ``sum_j topk_weights[t, j]
+[topk_ids[t, j] == e]`` into its FP32 accumulator (every slot of a repeated expert counts, as in
+the reference). One write of the final output: no padding, no scatter, no combine.
+
+Gluon does not run under the Triton interpreter: the Triton engines stay the path on CPU (and
+for MXFP8), and the GPU tests compare this engine with the FP32 reference.
 """
 
 from __future__ import annotations
