@@ -527,7 +527,7 @@ _TILES = {
     ("dot", "mxfp8"): (64, 32, 4, 2, "H200 M=8: 1167.6 us (64x64 3-stage: 1390.3)"),
     # mma (`moe_decode_sm90`): 16 neurons / output rows a program; num_stages = the cp.async
     # ring's depth; tokens and the splits come from `_MMA_SPLITS`; num_warps unused
-    ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 92.8 us, M=4: 268.2 (`_MMA_SPLITS`)"),
+    ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 89.1 us, M=8: 405.8 (`_MMA_SPLITS`)"),
 }
 _WEIGHT_FORMATS = ("int4", "mxfp8")
 
@@ -547,11 +547,15 @@ _WEIGHT_FORMATS = ("int4", "mxfp8")
 #: Second sweep (same call as the first's layer bench), M=1: (8,1,2) 54.8 + 37.7; (8,2,4) 55.1 +
 #: 46.6; 3 stages (8,2,4) 53.6 + 43.3; 5 stages 57.8 + 49.5; (8,2,8) 3 stages 53.8 + 65.5. M=2: (8,2,2)
 #: 94.8 + 66.3, (8,2,4) 94.2 + 84.2; M=4: (8,2,2) 157.5 + 110.7, (8,1,2) 166.5 + 110.6.
-#: So two warps a split for both kernels at every M (gate_up: 1024+ programs of two warps at M=1;
-#: down: more splits cost registers and shared memory, fewer programs an SM); 4 stages.
+#: Third sweep, after gate_up moved to one tile a warp (gate rows and up rows in separate warps,
+#: 128 registers instead of 216 at split 2, twice the warps an SM), gate_up us: M=1 split 2 51.3,
+#: split 1 56.5, split 4 77.8; M=2 split 2 88.7; M=4 split 2 150.8, split 1 151.9; M=8 split 1
+#: 207.7, split 2 219.9; M=16 (16 columns) split 1 354.6, split 2 379.2; M=32 split 1 390.2,
+#: split 2 468.9. Down (unchanged kernel) keeps two warps a split.
 _MMA_SPLITS = (
-    (8, 8, 2, 2),
-    (1 << 30, 16, 2, 2),
+    (4, 8, 2, 2),
+    (8, 8, 1, 2),
+    (1 << 30, 16, 1, 2),
 )
 _ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages", "split_gate_up", "split_down")
 #: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot|mma),
@@ -611,7 +615,7 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
         engine, why = env_vals["engine"].lower(), f"LOWBIT_DECODE_ENGINE={env_vals['engine']}"
     elif native and fmt == "int4":
         engine, why = "mma", ("INT4 on sm_90: the tensor-core engine, faster than fma / dot at every M of 1-32 "
-                              "(H200, Kimi EP8: 93 vs 168 us at M=1, 1071 vs 1287 at M=32)")
+                              "(H200, Kimi EP8: 89 vs 168 us at M=1, 1037 vs 1287 at M=32)")
     else:
         _, engine, why = next(row for row in _ENGINES if rpe <= row[0])
     if (engine, fmt) not in _TILES:

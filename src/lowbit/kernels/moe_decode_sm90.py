@@ -161,18 +161,15 @@ def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, do
 
 
 @gluon.jit
-def _diagonal_sum(red, acc, SPLIT: gl.constexpr, out_l: gl.constexpr):
-    """``[16, COLS / SPLIT]``: the sum over warps w of warp w's rows x column block w of `acc`
-    (``[16 * SPLIT, COLS]``, the mma layout) -- each warp's own partial of the same outputs --
-    through the shared buffer `red`."""
-    COLS: gl.constexpr = acc.shape[1]
+def _diagonal_sum(red, SPLIT: gl.constexpr, row0: gl.constexpr, out_l: gl.constexpr):
+    """``[16, COLS / SPLIT]`` from the shared copy `red` of an accumulator ``[rows, COLS]``: the
+    sum over w < SPLIT of the rows ``row0 + 16 w ..`` (warp ``row0 / 16 + w``) x column block w --
+    each warp's partial of the same outputs (the caller stores `red` between two barriers)."""
+    COLS: gl.constexpr = red.shape[1]
     MB: gl.constexpr = COLS // SPLIT
-    gl.thread_barrier()  # `red` may hold the previous pass's tile
-    red.store(acc)
-    gl.thread_barrier()
-    total = red.slice(0, 16, dim=0).slice(0, MB, dim=1).load(out_l)
+    total = red.slice(row0, 16, dim=0).slice(0, MB, dim=1).load(out_l)
     for w in gl.static_range(1, SPLIT):
-        total += red.slice(16 * w, 16, dim=0).slice(w * MB, MB, dim=1).load(out_l)
+        total += red.slice(row0 + 16 * w, 16, dim=0).slice(w * MB, MB, dim=1).load(out_l)
     return total
 
 
@@ -187,12 +184,13 @@ def _gate_up_mma_kernel(
     """Program (ib, r): neurons ``16 ib ..`` of the routes of expert ``topk_ids.flat[r]`` when r is
     that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
 
-    The num_warps warps split K: warp w runs K steps ``w * CK ..`` (CK = cdiv(nk, num_warps))
-    of the same 16 gate rows and 16 up rows (two ``[16, COLS]`` tiles a warp), against its own
-    block of ``MB = COLS / num_warps`` B columns (the members' hidden rows at its K chunk): the
-    mma layout replicates B across warps, so the columns are where the warps differ. The warps'
+    The num_warps = 2 SPLIT warps: warp w < SPLIT holds the 16 gate rows, warp SPLIT + w the 16
+    up rows, both over K steps ``w * CK ..`` (CK = cdiv(nk, SPLIT)), against their own block of
+    ``MB = COLS / SPLIT`` B columns (the members' hidden rows at that K chunk): the mma layout
+    replicates B across warps, so the columns are where the warps differ. One tile a warp keeps
+    the registers down (two tiles a warp: 216-248 registers, 2 warps a scheduler). The warps'
     partials are summed at the end (`_diagonal_sum`), then SiLU(gate) * up."""
-    SPLIT: gl.constexpr = num_warps
+    SPLIT: gl.constexpr = num_warps // 2
     MB: gl.constexpr = COLS // SPLIT
     BW: gl.constexpr = 16 * SPLIT
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
@@ -242,7 +240,7 @@ def _gate_up_mma_kernel(
     cx = gl.arange(0, COLS, layout=xrow_l)
     k0_x = (cx // MB) * CK
     wring, sring, xring = _rings(2 * BW, COLS, STAGES)
-    red = gl.allocate_shared_memory(gl.float32, [BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    red = gl.allocate_shared_memory(gl.float32, [2 * BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     want_l: gl.constexpr = gl.SliceLayout(1, scan)
     x_k0 = k0_x * 256
     for grp in range(0, gl.cdiv(n_members, MB)):
@@ -253,10 +251,8 @@ def _gate_up_mma_kernel(
         x_rows = x_ptr + (route_x // top_k).to(gl.int64) * stride_xm
         x_ok = gl.convert_layout(want < n_members, xrow_l)
 
-        acc_ge = gl.zeros([BW, COLS], gl.float32, mma)
-        acc_go = gl.zeros([BW, COLS], gl.float32, mma)
-        acc_ue = gl.zeros([BW, COLS], gl.float32, mma)
-        acc_uo = gl.zeros([BW, COLS], gl.float32, mma)
+        acc_e = gl.zeros([2 * BW, COLS], gl.float32, mma)
+        acc_o = gl.zeros([2 * BW, COLS], gl.float32, mma)
         for st in gl.static_range(STAGES - 1):
             _fill(wring, sring, xring, st, st, w_rows, (n_w < I) & (k0_w + st < nk) & (st < CK), s_ptr, s_rows,
                   (n_s < I) & (k0_s + st < nk) & (st < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (st < CK), H,
@@ -269,11 +265,13 @@ def _gate_up_mma_kernel(
                   s_rows,
                   (n_s < I) & (k0_s + nxt < nk) & (nxt < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (nxt < CK), H,
                   wc_l, sc_l, X_LAYOUT)
-            acc_ge, acc_go = _tile_step(wring, sring, xring, kt % STAGES, 0, BW, dot_a, dot_b, acc_ge, acc_go)
-            acc_ue, acc_uo = _tile_step(wring, sring, xring, kt % STAGES, BW, BW, dot_a, dot_b, acc_ue, acc_uo)
+            acc_e, acc_o = _tile_step(wring, sring, xring, kt % STAGES, 0, 2 * BW, dot_a, dot_b, acc_e, acc_o)
         async_copy.wait_group(0)
-        g = _diagonal_sum(red, acc_ge + acc_go, SPLIT, out_l)
-        u = _diagonal_sum(red, acc_ue + acc_uo, SPLIT, out_l)
+        gl.thread_barrier()  # `red` may hold the previous pass's tile
+        red.store(acc_e + acc_o)
+        gl.thread_barrier()
+        g = _diagonal_sum(red, SPLIT, 0, out_l)
+        u = _diagonal_sum(red, SPLIT, BW, out_l)
         act = (g / (1.0 + gl.exp(-g)) * u).to(gl.bfloat16)
         rows_o = i0 + gl.arange(0, 16, layout=gl.SliceLayout(1, out_l))
         want_o = grp * MB + gl.arange(0, MB, layout=want_l)
@@ -450,7 +448,9 @@ def _down_mma_kernel(
             kt = 0
             it += 1
     async_copy.wait_group(0)
-    y = _diagonal_sum(red, acc, SPLIT, out_l)
+    red.store(acc)
+    gl.thread_barrier()
+    y = _diagonal_sum(red, SPLIT, 0, out_l)
     rows_o = h0 + gl.arange(0, 16, layout=gl.SliceLayout(1, out_l))
     tok_o = t0 + gl.arange(0, MB, layout=gl.SliceLayout(0, out_l))
     o = out_ptr + tok_o.to(gl.int64)[None, :] * stride_om + rows_o[:, None]
@@ -488,7 +488,7 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, cols: int, split: int, stages
         hidden, topk_ids, w13.qweight, w13.scales, out,
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
-        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split,
+        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, 2 * split), num_warps=2 * split,
         **_maxnreg("GATE_UP"),
     )
 
@@ -543,8 +543,8 @@ def compile_configs():
     for cols, split in sorted(gate_up):
         out.append(KernelConfig(f"moe_decode_gate_up_mma[C={cols},split={split},s={stages}]", _gate_up_mma_kernel,
                                 gate_up_sig, {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages,
-                                              "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
-                                num_warps=split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
+                                              "X_LAYOUT": _x_layout(cols, 2 * split), "num_warps": 2 * split},
+                                num_warps=2 * split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
     for cols, split in sorted(down):
         out.append(KernelConfig(f"moe_decode_down_mma[C={cols},split={split},s={stages}]", _down_mma_kernel, down_sig,
                                 {"COLS": cols, "POS": triton.next_power_of_2(cols // split * 8), "E_P2": 64,
