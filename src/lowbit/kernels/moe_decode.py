@@ -61,9 +61,9 @@ FP32 summation order):
   block of MMA columns, summed once at the end. The default for INT4 on sm_90 (`_MMA_SPLITS`).
 
 Status (H200, 2026-11-30, ninth session; docs/performance.md): the mma engine's Kimi EP8 INT4
-layer takes 87.7 us at one token, 1.10x Humming's indexed layer (96.5 us) and 1.29x lowbit's
-(113.4 us), 50% of the 4.50 TB/s read bandwidth on the bytes of the experts hit (the issue-5
-target is 85%: missed); 0.93x / 0.89x Humming at 2 / 4 tokens; from 8 tokens lowbit's indexed
+layer takes 84.6 us at one token, 1.14x Humming's indexed layer (96.8 us) and 1.34x lowbit's
+(113.4 us), 52% of the 4.50 TB/s read bandwidth on the bytes of the experts hit (the issue-5
+target is 85%: missed); 0.97x / 0.91x Humming at 2 / 4 tokens; from 8 tokens lowbit's indexed
 path is faster (the crossover). What bounds it: instruction issue (~350 instructions a warp
 a 16-row x 256-K step, 2 of them a weight for the dequantization; 0.53-0.56 issued a cycle per
 scheduler with 2-3 warps each, ncu). The Triton fma / dot engines (the CPU path, and MXFP8)

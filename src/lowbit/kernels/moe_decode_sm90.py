@@ -26,15 +26,16 @@ Why not registers or TMA. A register ring (the loads of step k + 2 issued before
 dequantized) compiled to loads that ptxas sank to the end of the loop body, so every step waited
 a full memory latency (H200, this session: 1.4-2.0 TB/s); the W4A16 GEMMs' TMA skeleton streams
 3.1-3.5 TB/s at most (`scripts/probes/tma_stream.py`). Measured bounds of this loop (ncu, one
-token): 0.53-0.56 instructions issued a cycle per scheduler with 2-3 warps each; ~350
+token, before gate_up went to one tile a warp): 0.53-0.56 instructions issued a cycle per
+scheduler with 2-3 warps each; ~350
 instructions a warp a 16-row x 256-K step; an XOR swizzle of 8-byte units had left the word
 reads 4-way bank-conflicted (fixed: 32-byte units by row mod 4).
 
 gate_up (`_gate_up_mma_kernel`): grid ``(cdiv(I, 16), routes)``. The program of route r owns 16
 neurons of its expert when r is the expert's first route (the dot engine's owner rule); it
-gathers that expert's routes, ``COLS / SPLIT`` a pass, and computes both projections (a gate
-and an up tile a warp) over its warp's K chunk, then ``SiLU(gate) * up`` of the summed partials.
-Other programs of that expert return at once.
+gathers that expert's routes, ``COLS / SPLIT`` a pass; 2 SPLIT warps hold the gate rows (warps
+< SPLIT) and the up rows, each over its K chunk, then ``SiLU(gate) * up`` of the summed
+partials. Other programs of that expert return at once.
 
 down (`_down_mma_kernel`): grid ``(cdiv(H, 16), cdiv(M, COLS / SPLIT))``. A program owns 16
 output dims of ``COLS / SPLIT`` tokens and visits each distinct local expert of those tokens once
