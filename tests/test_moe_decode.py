@@ -75,6 +75,25 @@ def _edge_routing(m, k, e, gen):
     return ids, tw, ref_ids
 
 
+def _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, device):
+    """Both stages on `_edge_routing` inputs with poisoned outputs; checks gate_up alone (against
+    the kernel's effective weights: one bf16 rounding of the output), the dropped and repeated
+    slots, and the whole path against the effective weights. Returns the output (CPU, fp32)."""
+    m, k = ids.shape
+    inter, h = r13.shape[1] // 2, r13.shape[2]
+    act = poison_(torch.empty(m, k, inter, dtype=torch.bfloat16, device=device))
+    moe_decode_gate_up(hidden.to(device), ids.to(device), w13, out=act, config=cfg)
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device=device))
+    moe_decode_down(act, ids.to(device), tw.to(device), w2, out=out, config=cfg)
+    act, out = act.cpu().float(), out.cpu().float()
+    assert_close(act, _act_ref(hidden, ref_ids, r13), "bf16_out", "act")
+    assert (act[1, 2] == 0).all() and (act[4, 0] == 0).all(), "dropped slots: act rows are 0"
+    assert torch.equal(act[3, 0], act[3, 1]), "a repeated expert gives both slots the same act row"
+    assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, r13, r2, round_intermediate=True),
+                 "bf16_out", "out (effective weights)")
+    return out
+
+
 @pytest.mark.parametrize("engine", ["fma", "dot"])
 @pytest.mark.parametrize("fmt", ["int4", "mxfp8"])
 def test_matches_reference_with_routing_edges(fmt, engine, gen, device):
@@ -84,19 +103,7 @@ def test_matches_reference_with_routing_edges(fmt, engine, gen, device):
     w13, w2, q13, q2, r13, r2 = _weights(fmt, e, h, inter, gen, device)
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids, tw, ref_ids = _edge_routing(m, k, e, gen)
-    cfg = BIG[engine]
-    act = poison_(torch.empty(m, k, inter, dtype=torch.bfloat16, device=device))
-    moe_decode_gate_up(hidden.to(device), ids.to(device), w13, out=act, config=cfg)
-    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device=device))
-    moe_decode_down(act, ids.to(device), tw.to(device), w2, out=out, config=cfg)
-    act, out = act.cpu().float(), out.cpu().float()
-    # gate_up alone, against the kernel's effective weights (one bf16 rounding of the output)
-    assert_close(act, _act_ref(hidden, ref_ids, r13), "bf16_out", "act")
-    assert (act[1, 2] == 0).all() and (act[4, 0] == 0).all(), "dropped slots: act rows are 0"
-    assert torch.equal(act[3, 0], act[3, 1]), "a repeated expert gives both slots the same act row"
-    # the whole path, against the effective weights and against the quantized weights in FP32
-    assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, r13, r2, round_intermediate=True),
-                 "bf16_out", "out (effective weights)")
+    out = _run_edges(BIG[engine], hidden, ids, tw, ref_ids, w13, w2, r13, r2, device)
     assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, q13, q2, round_intermediate=True),
                  "bf16_chain", "out (FP32 of the quantized weights)")
 
@@ -318,16 +325,7 @@ def test_mma_engine_matches_reference_with_routing_edges(h, inter, tokens, split
     w13, w2, q13, q2, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids, tw, ref_ids = _edge_routing(m, k, e, gen)
-    act = poison_(torch.empty(m, k, inter, dtype=torch.bfloat16, device="cuda"))
-    moe_decode_gate_up(hidden.cuda(), ids.cuda(), w13, out=act, config=cfg)
-    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
-    moe_decode_down(act, ids.cuda(), tw.cuda(), w2, out=out, config=cfg)
-    act, out = act.cpu().float(), out.cpu().float()
-    assert_close(act, _act_ref(hidden, ref_ids, r13), "bf16_out", "act")
-    assert (act[1, 2] == 0).all() and (act[4, 0] == 0).all(), "dropped slots: act rows are 0"
-    assert torch.equal(act[3, 0], act[3, 1]), "a repeated expert gives both slots the same act row"
-    assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, r13, r2, round_intermediate=True),
-                 "bf16_out", "out (effective weights)")
+    _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, "cuda")
 
 
 @pytest.mark.gpu
