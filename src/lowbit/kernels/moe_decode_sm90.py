@@ -355,25 +355,6 @@ def _round_sources(rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, id
 
 
 @gluon.jit
-def _down_fill_next(wring, sring, xring, slot, live, rf, kf, srcs, present, rank, bins, h0, H, nk, w_ptr, s_ptr,
-                    act_ptr, ids_ptr, t0, M, top_k, I, x_k0, MB: gl.constexpr, wc_l: gl.constexpr,
-                    sc_l: gl.constexpr, x2_l: gl.constexpr, flat: gl.constexpr, X_LAYOUT: gl.constexpr):
-    """The fill side of the down loop: copy K step `kf` of round `rf` (sources `srcs`, from
-    `_round_sources`) into ring stage `slot` (zero-filled when not `live`), then advance to the
-    next step, and to the next round's sources after a round's last step. Returns (rf, kf, srcs)."""
-    w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = srcs
-    _fill(wring, sring, xring, slot, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows, x_k0,
-          x_ok & live, I, wc_l, sc_l, X_LAYOUT)
-    kf += 1
-    if kf == nk:
-        rf += 1
-        kf = 0
-        srcs = _round_sources(rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB,
-                              wc_l, sc_l, x2_l, flat)
-    return rf, kf, srcs
-
-
-@gluon.jit
 def _down_mma_kernel(
     act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
@@ -423,20 +404,34 @@ def _down_mma_kernel(
     # the fill side walks (round rf, step kf) STAGES - 1 steps ahead of the compute side
     rf = 0
     kf = 0
-    srcs = _round_sources(0, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l,
-                          sc_l, x2_l, flat)
+    w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(0, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr,
+                                                              ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
     for st in gl.static_range(STAGES - 1):
-        rf, kf, srcs = _down_fill_next(wring, sring, xring, st, st < n_steps, rf, kf, srcs, present, rank, bins, h0, H,
-                                       nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, x_k0, MB, wc_l, sc_l, x2_l,
-                                       flat, X_LAYOUT)
+        live = st < n_steps
+        _fill(wring, sring, xring, st, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows, x_k0,
+              x_ok & live, I, wc_l, sc_l, X_LAYOUT)
+        kf += 1
+        if kf == nk:
+            rf += 1
+            kf = 0
+            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
+                rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
+                x2_l, flat)
     kt = 0
     it = 0
     for st in range(0, n_steps):
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
-        rf, kf, srcs = _down_fill_next(wring, sring, xring, (st + STAGES - 1) % STAGES, st + STAGES - 1 < n_steps, rf,
-                                       kf, srcs, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M,
-                                       top_k, I, x_k0, MB, wc_l, sc_l, x2_l, flat, X_LAYOUT)
+        live = st + STAGES - 1 < n_steps
+        _fill(wring, sring, xring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live,
+              8 * H, x_rows, x_k0, x_ok & live, I, wc_l, sc_l, X_LAYOUT)
+        kf += 1
+        if kf == nk:
+            rf += 1
+            kf = 0
+            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
+                rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
+                x2_l, flat)
         part_e, part_o = _tile_step(wring, sring, xring, st % STAGES, 0, BW, dot_a, dot_b, part_e, part_o)
         kt += 1
         if kt == nk:  # the round's last step: fold each visit's routing weights in, per column
