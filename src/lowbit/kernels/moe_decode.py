@@ -473,10 +473,12 @@ def _down_kernel(
 class DecodeConfig:
     """Launch choice of the two decode kernels.
 
-    engine: ``"fma"`` (one route / token per program, CUDA cores) or ``"dot"`` (weight rows read
-    once for the tokens sharing an expert, tensor cores); block_i: gate_up neurons per program
-    (as many gate rows and up rows); block_h: down output dims per program; tokens: dot engine
-    columns per MMA (gate_up: routes per weight pass; down: tokens per program), 1 for fma.
+    engine: ``"fma"`` (one route / token per program, CUDA cores), ``"dot"`` (weight rows read
+    once for the tokens sharing an expert, tensor cores) or ``"mma"`` (INT4 on sm_90, Gluon:
+    `moe_decode_sm90`); block_i: gate_up neurons per program (as many gate rows and up rows;
+    16 on mma); block_h: down output dims per program (16 on mma); tokens: columns per MMA
+    (dot: gate_up routes per weight pass, down tokens per program; mma: split among the
+    warps, see split_*), 1 for fma; num_stages: the K loops' pipelining (mma: the cp.async ring).
     """
 
     engine: str
