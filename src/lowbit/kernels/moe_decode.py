@@ -103,7 +103,7 @@ __all__ = [
 #: Format codes passed to the kernels as the ``FMT`` constexpr.
 _FMT_INT4 = 0
 _FMT_MXFP8 = 1
-#: Routes scanned at once when the gate_up owner looks for routes sharing its expert.
+#: Routes scanned at once when the gate_up owner looks for routes sharing its expert (the dot and mma engines).
 _ROUTE_CHUNK = 64
 
 

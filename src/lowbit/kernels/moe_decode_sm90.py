@@ -51,12 +51,16 @@ for MXFP8), and the GPU tests compare this engine with the FP32 reference.
 
 from __future__ import annotations
 
+import os
+from functools import lru_cache
+
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .int4_dequant import dequant_byte_ptx
+from .moe_decode import _ROUTE_CHUNK as ROUTE_CHUNK
 from .w4a16_sm90 import _dequant_byte
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_EXTRA_TILES", "compile_configs"]
@@ -66,8 +70,6 @@ def _check_contiguous(w, who: str) -> None:
     if not (w.qweight.is_contiguous() and w.scales.is_contiguous()):
         raise ValueError(f"{who}: the mma decode engine reads contiguous packed words and scales")
 
-#: Routes scanned at once when the gate_up owner looks for the routes sharing its expert.
-ROUTE_CHUNK = 64
 
 
 @gluon.jit
@@ -285,19 +287,6 @@ def _gate_up_mma_kernel(
 
 
 @gluon.jit
-def _visit_expert(v, present, rank, bins, AXIS: gl.constexpr):
-    """The expert of visit `v` (the v-th present expert) for a vector of visits: v in a slice
-    layout of some 2-D parent, present / rank / bins ``[E_P2]`` in the other slice of it; the bins
-    run along axis AXIS of the parent (the one reduced)."""
-    if AXIS == 1:
-        hit = present[None, :] & (rank[None, :] == v[:, None])
-        return gl.sum(gl.where(hit, bins[None, :], 0), axis=1)
-    else:
-        hit = present[:, None] & (rank[:, None] == v[None, :])
-        return gl.sum(gl.where(hit, bins[:, None], 0), axis=0)
-
-
-@gluon.jit
 def _round_experts(rf, present, rank, bins, SPLIT: gl.constexpr, flat: gl.constexpr):
     """``[SPLIT]`` in `flat`: the experts of round `rf`'s visits ``rf * SPLIT + w`` (the v-th
     present expert; -1 past the last)."""
@@ -462,12 +451,11 @@ def _down_mma_kernel(
 def _maxnreg(stage: str) -> dict:
     """Probe knob (not a tuned default): ``LOWBIT_DECODE_MMA_MAXNREG_<STAGE>`` caps the registers a
     thread, for occupancy experiments."""
-    import os
-
     v = os.environ.get(f"LOWBIT_DECODE_MMA_MAXNREG_{stage}")
     return {"maxnreg": int(v)} if v else {}
 
 
+@lru_cache(maxsize=None)
 def _x_layout(cols: int, num_warps: int) -> gl.BlockedLayout:
     """The B copies' layout for a stage's ``[8, cols, 32]`` bf16 boxes: 16-byte pieces, warps
     along the groups (each warp copies whole boxes, no thread copies a piece twice)."""
