@@ -254,9 +254,10 @@ def _mx_codes_lane_model(x_bits: torch.Tensor, inv_bits: torch.Tensor) -> torch.
     """The integer steps of `quant._MX_CODES_BF16X2_PTX` for one 16-bit lane (int64 tensors of
     bf16 bit patterns): x times the inverse scale, the two rounding paths, saturation, sign."""
     as_bf16 = lambda b: b.to(torch.int16).view(torch.bfloat16)  # noqa: E731
-    v = (as_bf16(x_bits).float() * as_bf16(inv_bits).float()).to(torch.bfloat16)  # mul.rn.bf16x2
-    vb = v.view(torch.int16).to(torch.int64) & 0xFFFF
-    sg, a = vb & 0x8000, vb & 0x7FFF
+    sg = x_bits & 0x8000  # the sign from x; |x| (sign cleared) times the positive inverse scale
+    v = (as_bf16(x_bits & 0x7FFF).float() * as_bf16(inv_bits).float()).to(torch.bfloat16)  # mul.rn.bf16x2
+    a = v.view(torch.int16).to(torch.int64) & 0xFFFF
+    assert bool((a < 0x8000).all())
     t = ((as_bf16(a).float() * 2 + 128).to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF) - 0x4204
     assert bool((t >= 0).all()), "a lane would borrow"
     t = torch.clamp(t, max=254)  # rint(2|v|) + 252, at most 2 + 252
@@ -300,7 +301,7 @@ def test_quant_config_table():
         for kind, block in (("act_quant", 128), ("act_quant", 32), ("fp4_quant", 32), ("fp4_quant", 16)):
             c = quant_config(kind, groups, block)
             assert c.groups_per_program * block * 2 in quant.TILE_BYTES
-            assert quant.WARPS_FOR_TILE[c.groups_per_program * block * 2] == c.num_warps
+            assert quant.warps_for_tile(kind, c.groups_per_program * block * 2) == c.num_warps
     assert "groups_per_program" in explain_quant_config("fp4_quant", 4, 7168, 32)
 
 

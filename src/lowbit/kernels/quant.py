@@ -37,8 +37,9 @@ byte ``even | odd << 4`` is formed in registers (a reshape + split of one tile w
 shared-memory layout change in Triton 3.6).
 
 Heuristics (`quant_config`): how many groups a program takes (16 KB of x down to 2 KB, halved
-until the grid covers every SM twice) and its warps (64 bytes a thread), from the bytes to
-read; memoized, ``LOWBIT_ACT_QUANT_*`` / ``LOWBIT_FP4_QUANT_*`` overrides in the memo key.
+until the grid covers every SM twice) and its warps (`BYTES_PER_THREAD`: 64 bytes a thread for
+act_quant, 128 for fp4_quant, measured), from the bytes to read; memoized,
+``LOWBIT_ACT_QUANT_*`` / ``LOWBIT_FP4_QUANT_*`` overrides in the memo key.
 """
 
 from __future__ import annotations
@@ -223,15 +224,16 @@ def _fp4_scale(amax, E4M3: tl.constexpr):
 
 
 #: MXFP4 codes of two bf16 elements in one instruction stream (sm_90 PTX; `_fp4_quant_kernel`'s
-#: GPU path for bf16 input). $1: a word of two bf16 elements (element 2j in the low half), $2:
-#: the group's exact inverse scale 2**-e as a bf16 pair. Returns the packed byte
+#: GPU path for bf16 input). $1: a word of two bf16 elements with their sign bits cleared
+#: (element 2j in the low half; the amax pass computed it), $2: the group's exact inverse scale
+#: 2**-e as a bf16 pair, $3: the same word with its signs. Returns the packed byte
 #: ``code(2j) | code(2j+1) << 4``. The same rounding as `e2m1_code`, two lanes at a time:
 #:   v = x * 2**-e                       exact (a power of two; |v| <= 6 by the scale's choice)
 #:   |v| < 1: code = rint(2|v|)          fma(|v|, 2, 128) in bf16 rounds to the integer, ties even
 #:   |v| >= 1: round the 7-bit mantissa to its top bit, ties to even (add 0x1F + that bit), and
 #:             code = (exponent * 2 + bit) - 252; the paths meet as max(norm, min(sub, 2)),
 #:             carried with a +252 bias so no 16-bit lane ever borrows from its neighbour
-#:   saturate at 7; the sign bit of v becomes bit 3
+#:   saturate at 7; the sign bit of x (= that of v: the scale is positive) becomes bit 3
 #: ~17 instructions for two elements where the compare chain took ~28 for one (sm_90 SASS).
 #: `tests/test_quant_kernels.py` checks the lane algorithm on every bf16 bit pattern (CPU).
 _MX_CODES_BF16X2_PTX: tl.constexpr = tl.constexpr("""
@@ -244,8 +246,7 @@ mov.b32 k252, 0x00FC00FC;
 mov.b32 k254, 0x00FE00FE;
 mov.b32 k259, 0x01030103;
 mul.rn.bf16x2 a, $1, $2;
-shr.u32 sg, a, 12;
-and.b32 a, a, 0x7FFF7FFF;
+shr.u32 sg, $3, 12;
 fma.rn.bf16x2 t, a, two, c128;
 sub.u32 t, t, kt;
 min.u16x2 t, t, k254;
@@ -269,6 +270,13 @@ and.b32 $0, n, 0xFF;
 
 
 @triton.jit
+def _max_u16x2(a, b):
+    """Lane-wise max of two words of two u16 lanes (a `tl.reduce` combine)."""
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
 def _fp4_quant_kernel(
     x_ptr, q_ptr, s_ptr, total_groups, groups_per_row, stride_xm,
     BLOCK: tl.constexpr, GROUPS: tl.constexpr, E4M3: tl.constexpr, INPLACE: tl.constexpr,
@@ -286,16 +294,22 @@ def _fp4_quant_kernel(
         # (even | odd << 4) needs no reshape and no shared-memory layout change
         g, g_ok, w_off = _group_tile(total_groups, groups_per_row, stride_xm, BLOCK // 2, GROUPS)
         w = tl.load(x_ptr + w_off, mask=g_ok[:, None], other=0)
-        lo, hi = _unpack_pairs(w, X_KIND)
-        s, s_stored = _fp4_scale(tl.max(tl.maximum(tl.abs(lo), tl.abs(hi)), axis=1), E4M3)
         if (not INTERPRET) and (X_KIND == 0) and (not E4M3):
+            # amax on the bit patterns: sign-cleared bf16 lanes order like their values, and a
+            # u16x2 max takes two lanes an instruction (the FP32 unpack took 5 a word)
+            w_abs = w & 0x7FFF7FFF
+            m = tl.reduce(w_abs, 1, _max_u16x2)
+            amax = (tl.maximum(m & 0xFFFF, m >> 16) << 16).to(tl.float32, bitcast=True)
+            s, s_stored = _fp4_scale(amax, E4M3)
             # bf16 MXFP4 on the GPU: both elements of a word in packed bf16 / u16x2 arithmetic
             # (the compare chain below was the kernel's bound: 0.41 of copy bandwidth on the H200)
             inv16 = inverse_pow2(s).to(tl.int32, bitcast=True) >> 16  # a power of two: exact in bf16
             inv2 = tl.broadcast_to((inv16 | (inv16 << 16))[:, None], w.shape)
-            byte = tl.inline_asm_elementwise(_MX_CODES_BF16X2_PTX, "=r,r,r", [w, inv2], dtype=tl.int32,
+            byte = tl.inline_asm_elementwise(_MX_CODES_BF16X2_PTX, "=r,r,r,r", [w_abs, inv2, w], dtype=tl.int32,
                                              is_pure=True, pack=1)
         else:
+            lo, hi = _unpack_pairs(w, X_KIND)
+            s, s_stored = _fp4_scale(tl.max(tl.maximum(tl.abs(lo), tl.abs(hi)), axis=1), E4M3)
             c_lo = e2m1_code(_fp4_scaled(lo, s, E4M3))
             c_hi = e2m1_code(_fp4_scaled(hi, s, E4M3))
             byte = c_lo | (c_hi << 4)
@@ -307,8 +321,17 @@ def _fp4_quant_kernel(
 # --------------------------------------------------------------------------- heuristics
 #: bytes of x one program reads, largest first; the heuristic halves down to the smallest
 TILE_BYTES = (16384, 8192, 4096, 2048)
-#: warps for a tile: 64 bytes a thread (four 16-byte vector loads in flight: 32 bf16 / 16 fp32)
-WARPS_FOR_TILE = {16384: 8, 8192: 4, 4096: 2, 2048: 1}
+#: bytes of x a thread reads (in 16-byte vector loads), per quantizer. H200, 2026-11-30, bf16
+#: 16384x7168, CUDA graph (`scripts/sweeps/fp4_quant_tiles.json`): fp4_quant 64 B a thread
+#: (256 groups, 8 warps) 89.6 us, 128 B (256 groups, 4 warps / 128, 2) 86.0 / 86.1 us, 32 B
+#: 99.7-103.9 us; act_quant at 64 B runs at 99.7% of the copy bandwidth (kept).
+BYTES_PER_THREAD = {"act_quant": 64, "fp4_quant": 128}
+
+
+def warps_for_tile(kind: str, tile: int) -> int:
+    """Warps of a program reading `tile` bytes of x: `BYTES_PER_THREAD[kind]` a thread."""
+    return max(1, tile // (32 * BYTES_PER_THREAD[kind]))
+
 
 _FIELDS = ("groups_per_program", "num_warps")
 ENV_OVERRIDES = {kind: tuning.override_names(kind.upper(), _FIELDS) for kind in ("act_quant", "fp4_quant")}
@@ -343,7 +366,7 @@ def _config_cached(kind: str, total_groups: int, block: int, elem_bytes: int, en
     # x a program, two or more programs resident per SM), but the grid should still cover
     # every SM twice; so start at 16 KB and halve while the grid is under 2 x 132 programs,
     # down to 2 KB (below that the launch dominates anyway: decode rows). Warps follow from
-    # 64 bytes a thread. Derived from the byte model; not yet measured on the H200.
+    # the bytes a thread (BYTES_PER_THREAD: measured on the H200).
     n_bytes = total_groups * block * elem_bytes
     for tile in TILE_BYTES:
         if triton.cdiv(n_bytes, tile) >= 2 * H200_NUM_SMS:
@@ -351,10 +374,10 @@ def _config_cached(kind: str, total_groups: int, block: int, elem_bytes: int, en
     gpp = max(1, tile // (block * elem_bytes))
     programs = triton.cdiv(total_groups, gpp)
     cfg = QuantConfig(
-        gpp, WARPS_FOR_TILE[tile],
+        gpp, warps_for_tile(kind, tile),
         f"{total_groups} groups of {block} x {elem_bytes} B: {tile} B a program -> {programs} programs "
         f"({'>= 2 per SM' if programs >= 2 * H200_NUM_SMS else 'smallest tile; launch-bound'}), "
-        f"{WARPS_FOR_TILE[tile]} warps = 64 B a thread; byte model, not yet measured on the H200")
+        f"{warps_for_tile(kind, tile)} warps ({BYTES_PER_THREAD[kind]} B a thread: H200 sweep, BYTES_PER_THREAD)")
     cfg = tuning.apply_env_overrides(cfg, kind.upper(), _FIELDS)
     _check_config(cfg, block, kind)
     return cfg
@@ -554,7 +577,7 @@ def compile_configs():
     unaligned = ("total_groups", "groups_per_row")
     cfgs = []
     for dtype, kind, size, tile in variants:
-        warps = WARPS_FOR_TILE[tile]
+        warps = warps_for_tile("act_quant", tile)
         for block in FP8_GROUP_SIZES:
             gpp = tile // (block * size)
             for ue8m0 in (False, True):
@@ -564,6 +587,7 @@ def compile_configs():
                         _act_quant_kernel, sig(dtype, ("y_ptr", "*fp8e4nv"), "*fp32", "UE8M0"),
                         {"BLOCK": block, "GROUPS": gpp, "UE8M0": ue8m0, "INPLACE": inplace, "X_KIND": kind},
                         num_warps=warps, unaligned=unaligned))
+        warps = warps_for_tile("fp4_quant", tile)
         for fmt, block in FP4_SCALE_FMTS.items():
             gpp = tile // (block * size)
             e4m3 = fmt == "e4m3"
