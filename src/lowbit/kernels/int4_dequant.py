@@ -21,11 +21,6 @@ scale duplicated in both halves. Four weights cost eight instructions (prmt, shr
 2 x 2 bf16x2 fma: 2 a weight, sm_90 SASS), and no register repacking follows;
 `DEQUANT_PAIR_PTX` in that role cost ~3 instructions a weight, most on the half-rate integer
 pipe (prmt repacks, shifts).
-
-`biased_byte_ptx(j)` stops after the ``lop3``: the two registers hold ``128 + q`` (exact bf16),
-one instruction a weight, for consumers that apply ``- 8`` and the scale after the product in
-FP32 (the output-centric decode engine: ``sum_k (128 + q_k) x_k - 136 sum_k x_k``, the group's
-activation sum precomputed, then times the scale, per group).
 """
 
 import triton
@@ -33,10 +28,7 @@ import triton.language as tl
 
 from . import numerics
 
-__all__ = ["BIASED_CODE_OFFSET", "DEQUANT_PAIR_PTX", "biased_byte_ptx", "dequant_byte_ptx", "dequant_group_ptx", "dequant_pair"]
-
-#: ``biased_byte_ptx``'s codes are ``128 + q`` (the 0x4300 magic); the weight is ``q - 8``
-BIASED_CODE_OFFSET = 136
+__all__ = ["DEQUANT_PAIR_PTX", "dequant_byte_ptx", "dequant_group_ptx", "dequant_pair"]
 
 DEQUANT_PAIR_PTX = tl.constexpr("""
 {
@@ -76,21 +68,6 @@ fma.rn.bf16x2 $1, o, $5, z;
 """
 
 
-def _biased_byte_ptx(j: int) -> str:
-    """$0, $1 = packed bf16x2 ``128 + q`` of groups 2j, 2j+1 at K (k, k+1) (exact); $2, $3 = the
-    words at k and k+1. Four instructions for four weights (the selector as `_dequant_byte_ptx`'s)."""
-    sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)
-    return f"""
-{{
-.reg .b32 t, o;
-prmt.b32 t, $2, $3, {sel:#06x};
-shr.u32 o, t, 4;
-lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xea;
-lop3.b32 $1, o, 0x000F000F, 0x43004300, 0xea;
-}}
-"""
-
-
 def _dequant_group_ptx(g: int) -> str:
     """`_dequant_byte_ptx` for one group g = 0..7 (byte g // 2, the low nibbles for even g, the high
     ones for odd g): $0 = packed bf16x2 weights at K (k, k+1); $1, $2 = the words at k and k+1;
@@ -116,10 +93,8 @@ fma.rn.bf16x2 $0, t, $3, z;
 
 #: The PTX text for a constant j / g inside a jitted function (a jitted function reads a plain
 #: Python function only through `triton.constexpr_function`): byte j = 0..3 (groups 2j, 2j+1),
-#: ``pack=2``, constraints "=r,=r,r,r,r,r" (`biased_byte_ptx`: "=r,=r,r,r"); group g = 0..7,
-#: ``pack=2``, constraints "=r,r,r,r".
+#: ``pack=2``, constraints "=r,=r,r,r,r,r"; group g = 0..7, ``pack=2``, constraints "=r,r,r,r".
 dequant_byte_ptx = triton.constexpr_function(_dequant_byte_ptx)
-biased_byte_ptx = triton.constexpr_function(_biased_byte_ptx)
 dequant_group_ptx = triton.constexpr_function(_dequant_group_ptx)
 
 

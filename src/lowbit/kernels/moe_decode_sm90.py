@@ -54,15 +54,12 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-import triton.language as tl
-
-from .int4_dequant import BIASED_CODE_OFFSET, biased_byte_ptx, dequant_byte_ptx
+from .int4_dequant import dequant_byte_ptx
 from .moe_decode import _ROUTE_CHUNK as ROUTE_CHUNK
 from .w4a16_sm90 import _dequant_byte
 
@@ -85,29 +82,25 @@ def _rings(ROWS: gl.constexpr, COLS: gl.constexpr, STAGES: gl.constexpr):
     """The STAGES-deep cp.async rings: packed words ``[STAGES, ROWS, 32]`` i32 (32-byte units
     XOR-swizzled by row mod 4: a half-warp's 8-byte fragment reads, 4 rows x 4 lanes, then hit
     all 32 banks once; 8-byte units by row mod 8 left them 4-way conflicted), scales
-    ``[STAGES, 8, ROWS]`` bf16, the B rows ``[STAGES * 8, COLS, 32]`` bf16 (ldmatrix reads) and
-    the B columns' biased group sums ``[STAGES, 8, COLS]`` fp32 (`group_sums`)."""
+    ``[STAGES, 8, ROWS]`` bf16 and the B rows ``[STAGES * 8, COLS, 32]`` bf16 (ldmatrix reads)."""
     wring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS, 32], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
     sring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, 8, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     xring = gl.allocate_shared_memory(gl.bfloat16, [STAGES * 8, COLS, 32],
                                       gl.NVMMASharedLayout.get_default_for([COLS, 32], gl.bfloat16))
-    cring = gl.allocate_shared_memory(gl.float32, [STAGES, 8, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    return wring, sring, xring, cring
+    return wring, sring, xring
 
 
 @gluon.jit
-def _fill(wring, sring, xring, cring, st, kt, w_rows, w_ok, s_ptr, s_rows, s_ok, s_step, x_rows, x_k0, x_ok, K,
-          c_ptr, c_rows, wc_l: gl.constexpr, sc_l: gl.constexpr, x_l: gl.constexpr, SUMS: gl.constexpr):
+def _fill(wring, sring, xring, st, kt, w_rows, w_ok, s_ptr, s_rows, s_ok, s_step, x_rows, x_k0, x_ok, K,
+          wc_l: gl.constexpr, sc_l: gl.constexpr, x_l: gl.constexpr):
     """cp.async of K step `kt` into stage `st` of the rings, one commit group. Per row (row
     vectors, so no pointer tile stays live across the loop): w_rows ``[ROWS]`` pointers to each
     weight row's K step 0 (its warp's K chunk included) and w_ok, in ``SliceLayout(1, wc_l)``;
     s_rows / s_ok the same for the scales as element offsets from `s_ptr` (``SliceLayout(0,
     sc_l)``, `s_step` elements a K step);
     x_rows / x_ok ``[COLS]`` the B rows (``SliceLayout(0, SliceLayout(2, x_l))``), group g = K
-    ``x_k0 + 256kt + 32g ..``, zero past `K`; with SUMS, c_rows ``[COLS]`` the columns' rows of
-    biased group sums (element offsets from `c_ptr`, layout of x_rows). Words go in 16-byte pieces,
-    scales in 4-byte ones (two adjacent rows), the ``[8, COLS, 32]`` B boxes in 16-byte ones, the
-    ``[8, COLS]`` sums in 4-byte ones. Dead rows and steps
+    ``x_k0 + 256kt + 32g ..``, zero past `K`. Words go in 16-byte pieces, scales in 4-byte
+    ones (two adjacent rows), the ``[8, COLS, 32]`` B boxes in 16-byte ones. Dead rows and steps
     are zero-filled: they add exact zeros. The copies need not land where the reading thread
     wants them: the consumer waits for its own groups, then a CTA barrier."""
     cols = gl.arange(0, 32, layout=gl.SliceLayout(0, wc_l))
@@ -125,10 +118,6 @@ def _fill(wring, sring, xring, cring, st, kt, w_rows, w_ok, s_ptr, s_rows, s_ok,
     boxes = xring._reinterpret(gl.bfloat16, [STAGES, 8 * COLS, 32], xring.type.layout).index(st).reshape([8, COLS, 32])
     k = x_k0[None, :, None] + kt * 256 + g * 32  # K is a multiple of 32: a group is all in or all out
     async_copy.async_copy_global_to_shared(boxes, x_rows[None, :, None] + (k + j), mask=x_ok[None, :, None] & (k < K))
-    if SUMS:
-        ks = x_k0[None, :] + kt * 256 + gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None] * 32
-        async_copy.async_copy_global_to_shared(cring.index(st), c_ptr + c_rows[None, :] + ks // 32,
-                                               mask=x_ok[None, :] & (ks < K))
     async_copy.commit_group()
 
 
@@ -153,54 +142,24 @@ def _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK: gl.constexpr, s
 
 
 @gluon.jit
-def _biased_byte(words, PTX: gl.constexpr):
-    """bf16 ``128 + q`` of groups 2j and 2j + 1 (``biased_byte_ptx(j)``) in `words`' register layout."""
-    return gl.inline_asm_elementwise(PTX, "=r,=r,r,r", [words], dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
-                                     pack=2)
-
-
-@gluon.jit
-def _tile_step(wring, sring, xring, cring, st, row0: gl.constexpr, BW: gl.constexpr, dot_a: gl.constexpr,
-               dot_b: gl.constexpr, acc_e, acc_o, SUMS: gl.constexpr):
+def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, dot_a: gl.constexpr,
+               dot_b: gl.constexpr, acc_e, acc_o):
     """One 256-wide K step of the ``[BW, COLS]`` tile whose words are rows ``row0 .. row0+BW`` of
-    stage `st`, times the stage's B boxes; groups 2j / 2j + 1 into the even / odd accumulator (two
-    chains). SUMS: per group, mma.sync of the biased codes ``128 + q`` (`int4_dequant.biased_byte_ptx`,
-    one instruction a weight) from the accumulator ``-136 sum_k x_k`` (the stage's group sums),
-    then times the FP32 scale into the running sum: ``s sum_k (q_k - 8) x_k`` with the weights
-    exact. Otherwise the weights are dequantized to ``bf16((q - 8) s)`` in the A fragments
-    (`int4_dequant.dequant_byte_ptx`, two instructions a weight)."""
+    stage `st`: dequantized straight into A fragments (`int4_dequant.dequant_byte_ptx`), times the
+    stage's B boxes; groups 2j / 2j + 1 into the even / odd accumulator (two mma.sync chains)."""
     words = wring.index(st).slice(row0, BW, dim=0).load(dot_a)
     ROWS: gl.constexpr = wring.shape[1]
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     sc = sring.index(st)._reinterpret(gl.bfloat16, [8 * ROWS], plain)
-    if SUMS:
-        acc_l: gl.constexpr = acc_e.type.layout
-        srow: gl.constexpr = gl.SliceLayout(1, acc_l)
-        ccol: gl.constexpr = gl.SliceLayout(0, acc_l)
-        COLS: gl.constexpr = cring.shape[2]
-        sums = cring.index(st)._reinterpret(gl.float32, [8 * COLS], plain)
-        for j in gl.static_range(4):
-            s_e = sc.slice((2 * j) * ROWS + row0, BW).load(srow).to(gl.float32)
-            s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow).to(gl.float32)
-            c_e = sums.slice((2 * j) * COLS, COLS).load(ccol)
-            c_o = sums.slice((2 * j + 1) * COLS, COLS).load(ccol)
-            xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
-            xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
-            q_e, q_o = _biased_byte(words, biased_byte_ptx(j))
-            p_e = mma_v2(q_e, xe, gl.zeros_like(acc_e) + c_e[None, :])
-            p_o = mma_v2(q_o, xo, gl.zeros_like(acc_o) + c_o[None, :])
-            acc_e += p_e * s_e[:, None]
-            acc_o += p_o * s_o[:, None]
-    else:
-        srow_a: gl.constexpr = gl.SliceLayout(1, dot_a)
-        for j in gl.static_range(4):
-            s_e = sc.slice((2 * j) * ROWS + row0, BW).load(srow_a)
-            s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow_a)
-            xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
-            xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
-            w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], dequant_byte_ptx(j))
-            acc_e = mma_v2(w_e, xe, acc_e)
-            acc_o = mma_v2(w_o, xo, acc_o)
+    srow: gl.constexpr = gl.SliceLayout(1, dot_a)
+    for j in gl.static_range(4):
+        s_e = sc.slice((2 * j) * ROWS + row0, BW).load(srow)
+        s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow)
+        xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
+        xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
+        w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], dequant_byte_ptx(j))
+        acc_e = mma_v2(w_e, xe, acc_e)
+        acc_o = mma_v2(w_o, xo, acc_o)
     return acc_e, acc_o
 
 
@@ -219,11 +178,11 @@ def _diagonal_sum(red, SPLIT: gl.constexpr, row0: gl.constexpr, out_l: gl.conste
 
 @gluon.jit
 def _gate_up_mma_kernel(
-    x_ptr, c_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
+    x_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     num_routes, top_k, num_experts, H, I, nk,
     stride_xm, stride_am,
     COLS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
-    SUMS: gl.constexpr, num_warps: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (ib, r): neurons ``16 ib ..`` of the routes of expert ``topk_ids.flat[r]`` when r is
     that expert's first route. W13 words ``[E, 2I, nk * 32]``, scales ``[E, nk * 8, 2I]``.
@@ -283,7 +242,7 @@ def _gate_up_mma_kernel(
     # B rows: column c = (warp c // MB, member c % MB); x rows and their K chunk
     cx = gl.arange(0, COLS, layout=xrow_l)
     k0_x = (cx // MB) * CK
-    wring, sring, xring, cring = _rings(2 * BW, COLS, STAGES)
+    wring, sring, xring = _rings(2 * BW, COLS, STAGES)
     red = gl.allocate_shared_memory(gl.float32, [2 * BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     want_l: gl.constexpr = gl.SliceLayout(1, scan)
     x_k0 = k0_x * 256
@@ -293,25 +252,23 @@ def _gate_up_mma_kernel(
         route = _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK, scan, flat)
         route_x = gl.convert_layout(route, xrow_l)
         x_rows = x_ptr + (route_x // top_k).to(gl.int64) * stride_xm
-        c_rows = (route_x // top_k).to(gl.int64) * (H // 32)  # the hidden rows' group sums
         x_ok = gl.convert_layout(want < n_members, xrow_l)
 
         acc_e = gl.zeros([2 * BW, COLS], gl.float32, mma)
         acc_o = gl.zeros([2 * BW, COLS], gl.float32, mma)
         for st in gl.static_range(STAGES - 1):
-            _fill(wring, sring, xring, cring, st, st, w_rows, (n_w < I) & (k0_w + st < nk) & (st < CK), s_ptr,
-                  s_rows, (n_s < I) & (k0_s + st < nk) & (st < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (st < CK), H,
-                  c_ptr, c_rows, wc_l, sc_l, X_LAYOUT, SUMS)
+            _fill(wring, sring, xring, st, st, w_rows, (n_w < I) & (k0_w + st < nk) & (st < CK), s_ptr, s_rows,
+                  (n_s < I) & (k0_s + st < nk) & (st < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (st < CK), H,
+                  wc_l, sc_l, X_LAYOUT)
         for kt in range(0, CK):
             async_copy.wait_group(STAGES - 2)  # step kt landed (this thread's copies)
             gl.thread_barrier()  # every thread's copies landed; the stage refilled next was read
             nxt = kt + STAGES - 1
-            _fill(wring, sring, xring, cring, nxt % STAGES, nxt, w_rows,
-                  (n_w < I) & (k0_w + nxt < nk) & (nxt < CK), s_ptr, s_rows,
+            _fill(wring, sring, xring, nxt % STAGES, nxt, w_rows, (n_w < I) & (k0_w + nxt < nk) & (nxt < CK), s_ptr,
+                  s_rows,
                   (n_s < I) & (k0_s + nxt < nk) & (nxt < CK), 8 * 2 * I, x_rows, x_k0, x_ok & (nxt < CK), H,
-                  c_ptr, c_rows, wc_l, sc_l, X_LAYOUT, SUMS)
-            acc_e, acc_o = _tile_step(wring, sring, xring, cring, kt % STAGES, 0, 2 * BW, dot_a, dot_b, acc_e, acc_o,
-                                      SUMS)
+                  wc_l, sc_l, X_LAYOUT)
+            acc_e, acc_o = _tile_step(wring, sring, xring, kt % STAGES, 0, 2 * BW, dot_a, dot_b, acc_e, acc_o)
         async_copy.wait_group(0)
         gl.thread_barrier()  # `red` may hold the previous pass's tile
         red.store(acc_e + acc_o)
@@ -359,7 +316,7 @@ def _round_sources(rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, id
                    MB: gl.constexpr, wc_l: gl.constexpr, sc_l: gl.constexpr, x2_l: gl.constexpr, flat: gl.constexpr):
     """Copy sources of round `rf` (row vectors for `_fill`): warp w's 16 output rows of W2[e_w] and
     its MB B columns (each token's act row of its first slot with e_w, dead for tokens without
-    it, and that row's group sums), for visit ``rf * SPLIT + w``."""
+    it), for visit ``rf * SPLIT + w``."""
     SPLIT: gl.constexpr = wc_l.warps_per_cta[0]
     BW: gl.constexpr = 16 * SPLIT
     COLS: gl.constexpr = MB * SPLIT
@@ -382,19 +339,17 @@ def _round_sources(rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, id
                     other=-1)
     slot = gl.min(gl.where(ids_x == ex[None, :], jx[:, None], 32), axis=0)
     x_ok = (slot < 32) & (tok < M) & (ex >= 0)
-    a_row = (tok * top_k + gl.where(x_ok, slot, 0)).to(gl.int64)
-    x_rows = act_ptr + a_row * I
-    return (w_rows, w_ok, s_rows, s_ok, gl.convert_layout(x_rows, gl.SliceLayout(0, x2_l)), x_ok,
-            gl.convert_layout(a_row * (I // 32), gl.SliceLayout(0, x2_l)))
+    x_rows = act_ptr + ((tok * top_k + gl.where(x_ok, slot, 0)) * I).to(gl.int64)
+    return w_rows, w_ok, s_rows, s_ok, gl.convert_layout(x_rows, gl.SliceLayout(0, x2_l)), x_ok
 
 
 @gluon.jit
 def _down_mma_kernel(
-    act_ptr, c_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
+    act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
     stride_om,
     COLS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
-    SUMS: gl.constexpr, num_warps: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (hb, tb): outputs ``16 hb ..`` of tokens ``tb * MB ..`` (MB = COLS / num_warps).
     W2 words ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous.
@@ -428,7 +383,7 @@ def _down_mma_kernel(
     rank = gl.associative_scan(present.to(gl.int32), 0, _add) - 1
     bins = gl.arange(0, E_P2, layout=flat)
     n_steps = gl.cdiv(gl.sum(present.to(gl.int32), axis=0), SPLIT) * nk
-    wring, sring, xring, cring = _rings(BW, COLS, STAGES)
+    wring, sring, xring = _rings(BW, COLS, STAGES)
     red = gl.allocate_shared_memory(gl.float32, [BW, COLS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x_k0 = gl.zeros([COLS], gl.int32, gl.SliceLayout(0, x2_l))
 
@@ -438,17 +393,17 @@ def _down_mma_kernel(
     # the fill side walks (round rf, step kf) STAGES - 1 steps ahead of the compute side
     rf = 0
     kf = 0
-    w_rows, w_ok, s_rows, s_ok, x_rows, x_ok, c_rows = _round_sources(
-        0, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
+    w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(0, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr,
+                                                              ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
     for st in gl.static_range(STAGES - 1):
         live = st < n_steps
-        _fill(wring, sring, xring, cring, st, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows,
-              x_k0, x_ok & live, I, c_ptr, c_rows, wc_l, sc_l, X_LAYOUT, SUMS)
+        _fill(wring, sring, xring, st, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows, x_k0,
+              x_ok & live, I, wc_l, sc_l, X_LAYOUT)
         kf += 1
         if kf == nk:
             rf += 1
             kf = 0
-            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok, c_rows = _round_sources(
+            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
                 rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
                 x2_l, flat)
     kt = 0
@@ -457,17 +412,16 @@ def _down_mma_kernel(
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         live = st + STAGES - 1 < n_steps
-        _fill(wring, sring, xring, cring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, s_ptr, s_rows,
-              s_ok & live, 8 * H, x_rows, x_k0, x_ok & live, I, c_ptr, c_rows, wc_l, sc_l, X_LAYOUT, SUMS)
+        _fill(wring, sring, xring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live,
+              8 * H, x_rows, x_k0, x_ok & live, I, wc_l, sc_l, X_LAYOUT)
         kf += 1
         if kf == nk:
             rf += 1
             kf = 0
-            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok, c_rows = _round_sources(
+            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
                 rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
                 x2_l, flat)
-        part_e, part_o = _tile_step(wring, sring, xring, cring, st % STAGES, 0, BW, dot_a, dot_b, part_e, part_o,
-                                    SUMS)
+        part_e, part_o = _tile_step(wring, sring, xring, st % STAGES, 0, BW, dot_a, dot_b, part_e, part_o)
         kt += 1
         if kt == nk:  # the round's last step: fold each visit's routing weights in, per column
             e_c = _pick(_round_experts(it, present, rank, bins, SPLIT, flat),
@@ -494,37 +448,6 @@ def _down_mma_kernel(
 
 
 # =========================================================================== launchers
-@triton.jit
-def _group_sums_kernel(x_ptr, out_ptr, G, stride_xr, BLOCK_G: tl.constexpr, OFFSET: tl.constexpr):
-    """out[r, g] = -OFFSET * sum_j x[r, 32 g + j] in FP32 (program (r, block of BLOCK_G groups))."""
-    r = tl.program_id(0)
-    g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
-    j = tl.arange(0, 32)
-    x = tl.load(x_ptr + r.to(tl.int64) * stride_xr + g[:, None] * 32 + j[None, :], mask=(g < G)[:, None], other=0.0)
-    tl.store(out_ptr + r.to(tl.int64) * G + g, -OFFSET * tl.sum(x.to(tl.float32), axis=1), mask=g < G)
-
-
-def group_sums(x: torch.Tensor) -> torch.Tensor:
-    """``fp32 [R, K / 32]``: ``-136 * sum`` of each 32-wide group of ``x bf16 [R, K]`` (unit stride
-    along K, K a multiple of 32). The engine multiplies the biased codes ``128 + q`` and starts
-    each group's accumulator here, so the product is ``sum_k (q_k - 8) x_k``
-    (`int4_dequant.BIASED_CODE_OFFSET` = 128 + 8). Runs on every tier (plain Triton)."""
-    r, k = x.shape
-    g = k // 32
-    out = torch.empty(r, g, dtype=torch.float32, device=x.device)
-    if r and g:
-        block = min(64, triton.next_power_of_2(g))
-        _group_sums_kernel[(r, triton.cdiv(g, block))](x, out, g, x.stride(0), BLOCK_G=block,
-                                                        OFFSET=float(BIASED_CODE_OFFSET), num_warps=4)
-    return out
-
-
-def _sums_enabled() -> bool:
-    """Probe knob (A/B of the two dequantizations; not a tuned default): ``LOWBIT_DECODE_MMA_SUMS=0``
-    dequantizes to bf16 weights in the A fragments instead of the biased codes + FP32 scale."""
-    return os.environ.get("LOWBIT_DECODE_MMA_SUMS", "1") != "0"
-
-
 def _maxnreg(stage: str) -> dict:
     """Probe knob (not a tuned default): ``LOWBIT_DECODE_MMA_MAXNREG_<STAGE>`` caps the registers a
     thread, for occupancy experiments."""
@@ -550,14 +473,12 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, cols: int, split: int, stages
     inter = w13.n // 2
     nk = w13.k_padded // 256
     grid = (triton.cdiv(inter, 16), m * top_k)
-    sums = _sums_enabled()
-    c = group_sums(hidden) if sums else hidden
     _gate_up_mma_kernel[grid](
-        hidden, c, topk_ids, w13.qweight, w13.scales, out,
+        hidden, topk_ids, w13.qweight, w13.scales, out,
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
-        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, 2 * split), SUMS=sums,
-        num_warps=2 * split, **_maxnreg("GATE_UP"),
+        COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, 2 * split), num_warps=2 * split,
+        **_maxnreg("GATE_UP"),
     )
 
 
@@ -574,14 +495,12 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, cols: int, split: int,
         raise ValueError(f"the mma decode engine takes top_k <= 32, got {top_k}")
     mb = cols // split
     grid = (triton.cdiv(h, 16), triton.cdiv(m, mb))
-    sums = _sums_enabled()
-    c = group_sums(act.view(m * top_k, inter)) if sums else act
     _down_mma_kernel[grid](
-        act, c, topk_ids, topk_weights, w2.qweight, w2.scales, out,
+        act, topk_ids, topk_weights, w2.qweight, w2.scales, out,
         m, top_k, w2.num_experts, h, inter, nk,
         out.stride(0),
         COLS=cols, POS=triton.next_power_of_2(mb * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
-        STAGES=stages, X_LAYOUT=_x_layout(cols, split), SUMS=sums, num_warps=split, **_maxnreg("DOWN"),
+        STAGES=stages, X_LAYOUT=_x_layout(cols, split), num_warps=split, **_maxnreg("DOWN"),
     )
 
 
@@ -595,15 +514,15 @@ def compile_configs():
     """Every tile of both kernels for the compile tier (mma.sync in the SASS, no spills)."""
     from .compile_tier import KernelConfig
 
-    gate_up_sig = {"x_ptr": "*bf16", "c_ptr": "*fp32", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
+    gate_up_sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
                    "stride_xm": "i32", "stride_am": "i32",
                    "COLS": "constexpr", "ROUTE_CHUNK": "constexpr", "STAGES": "constexpr", "X_LAYOUT": "constexpr",
-                   "SUMS": "constexpr", "num_warps": "constexpr"}
-    down_sig = {"act_ptr": "*bf16", "c_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*bf16",
+                   "num_warps": "constexpr"}
+    down_sig = {"act_ptr": "*bf16", "ids_ptr": "*i32", "tw_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*bf16",
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "COLS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
-                "STAGES": "constexpr", "X_LAYOUT": "constexpr", "SUMS": "constexpr", "num_warps": "constexpr"}
+                "STAGES": "constexpr", "X_LAYOUT": "constexpr", "num_warps": "constexpr"}
     from .moe_decode import _MMA_SPLITS, _TILES
 
     stages = _TILES["mma", "int4"][3]
@@ -613,13 +532,11 @@ def compile_configs():
     for cols, split in sorted(gate_up):
         out.append(KernelConfig(f"moe_decode_gate_up_mma[C={cols},split={split},s={stages}]", _gate_up_mma_kernel,
                                 gate_up_sig, {"COLS": cols, "ROUTE_CHUNK": ROUTE_CHUNK, "STAGES": stages,
-                                              "X_LAYOUT": _x_layout(cols, 2 * split), "SUMS": True,
-                                              "num_warps": 2 * split},
+                                              "X_LAYOUT": _x_layout(cols, 2 * split), "num_warps": 2 * split},
                                 num_warps=2 * split, expect_sass=("HMMA",), unaligned=("num_routes", "top_k", "nk")))
     for cols, split in sorted(down):
         out.append(KernelConfig(f"moe_decode_down_mma[C={cols},split={split},s={stages}]", _down_mma_kernel, down_sig,
                                 {"COLS": cols, "POS": triton.next_power_of_2(cols // split * 8), "E_P2": 64,
-                                 "STAGES": stages, "X_LAYOUT": _x_layout(cols, split), "SUMS": True,
-                                 "num_warps": split},
+                                 "STAGES": stages, "X_LAYOUT": _x_layout(cols, split), "num_warps": split},
                                 num_warps=split, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
     return out
