@@ -300,8 +300,16 @@ def test_quant_config_table():
     for groups in (1, 56, 600, 5000, 50000, 10**6):
         for kind, block in (("act_quant", 128), ("act_quant", 32), ("fp4_quant", 32), ("fp4_quant", 16)):
             c = quant_config(kind, groups, block)
-            assert c.groups_per_program * block * 2 in quant.TILE_BYTES
+            assert c.groups_per_program * block * 2 in quant.TILE_BYTES[kind]
             assert quant.warps_for_tile(kind, c.groups_per_program * block * 2) == c.num_warps
+        c = quant_config("fp4_quant", groups, 16, path="fp4_quant_fp32")  # the FP32 element path
+        assert (c.groups_per_program * 32 in quant.TILE_BYTES["fp4_quant_fp32"]
+                and quant.warps_for_tile("fp4_quant_fp32", c.groups_per_program * 32) == c.num_warps)
+    assert quant.fp4_path(torch.bfloat16, "ue8m0", False) == "fp4_quant"
+    assert {quant.fp4_path(torch.bfloat16, "e4m3", False), quant.fp4_path(torch.float32, "ue8m0", False),
+            quant.fp4_path(torch.bfloat16, "ue8m0", True)} == {"fp4_quant_fp32"}
+    with pytest.raises(ValueError, match="not a path of act_quant"):
+        quant_config("act_quant", 100, 128, path="fp4_quant")
     assert "groups_per_program" in explain_quant_config("fp4_quant", 4, 7168, 32)
 
 

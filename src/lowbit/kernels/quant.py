@@ -37,8 +37,8 @@ byte ``even | odd << 4`` is formed in registers (a reshape + split of one tile w
 shared-memory layout change in Triton 3.6).
 
 Heuristics (`quant_config`): how many groups a program takes (16 KB of x down to 2 KB, halved
-until the grid covers every SM twice) and its warps (`BYTES_PER_THREAD`: 64 bytes a thread for
-act_quant, 128 for fp4_quant, measured), from the bytes to read; memoized,
+until the grid covers every SM twice; fp4_quant's bf16 MXFP4 path from 32 KB) and its warps
+(`BYTES_PER_THREAD`: 64 bytes a thread, 256 on that path, measured), from the bytes to read; memoized,
 ``LOWBIT_ACT_QUANT_*`` / ``LOWBIT_FP4_QUANT_*`` overrides in the memo key.
 """
 
@@ -319,18 +319,29 @@ def _fp4_quant_kernel(
 
 
 # --------------------------------------------------------------------------- heuristics
-#: bytes of x one program reads, largest first; the heuristic halves down to the smallest
-TILE_BYTES = (16384, 8192, 4096, 2048)
-#: bytes of x a thread reads (in 16-byte vector loads), per quantizer. H200, 2026-11-30, bf16
-#: 16384x7168, CUDA graph (`scripts/sweeps/fp4_quant_tiles.json`): fp4_quant 64 B a thread
-#: (256 groups, 8 warps) 89.6 us, 128 B (256 groups, 4 warps / 128, 2) 86.0 / 86.1 us, 32 B
-#: 99.7-103.9 us; act_quant at 64 B runs at 99.7% of the copy bandwidth (kept).
-BYTES_PER_THREAD = {"act_quant": 64, "fp4_quant": 128}
+#: bytes of x one program reads, largest first, per kernel path; the heuristic halves down to
+#: the smallest. Paths: "act_quant"; "fp4_quant" = bf16 MXFP4 codes, two lanes an instruction
+#: (`_MX_CODES_BF16X2_PTX`); "fp4_quant_fp32" = the FP32 element paths (E4M3 scales, fp16 / fp32
+#: input, in place). H200, 2026-11-30, bf16 16384x7168, CUDA graph
+#: (`scripts/sweeps/fp4_quant_tiles.json`, two calls): "fp4_quant" 32 KB with 4 warps 77.2 /
+#: 77.4 us, 16 KB with 4 warps 80.7 / 80.9, with 2 warps 83.3, with 8 warps 79.9; 64 KB 83.4
+#: (8 warps), 95.7 (4). act_quant at 16 KB / 64 B a thread runs at 99.7% of the copy bandwidth.
+#: "fp4_quant_fp32" keeps the byte model (16 KB, 64 B a thread): at 256 B a thread its E4M3
+#: in-place kernel spills.
+TILE_BYTES = {"act_quant": (16384, 8192, 4096, 2048), "fp4_quant": (32768, 16384, 8192, 4096, 2048),
+              "fp4_quant_fp32": (16384, 8192, 4096, 2048)}
+#: bytes of x a thread reads (in 16-byte vector loads), per path (the sweep above)
+BYTES_PER_THREAD = {"act_quant": 64, "fp4_quant": 256, "fp4_quant_fp32": 64}
 
 
-def warps_for_tile(kind: str, tile: int) -> int:
-    """Warps of a program reading `tile` bytes of x: `BYTES_PER_THREAD[kind]` a thread."""
-    return max(1, tile // (32 * BYTES_PER_THREAD[kind]))
+def fp4_path(dtype: torch.dtype, scale_fmt: str, inplace: bool) -> str:
+    """The `TILE_BYTES` key of an fp4_quant call: the packed-lane path or the FP32 one."""
+    return "fp4_quant" if dtype == torch.bfloat16 and scale_fmt == "ue8m0" and not inplace else "fp4_quant_fp32"
+
+
+def warps_for_tile(path: str, tile: int) -> int:
+    """Warps of a program reading `tile` bytes of x: `BYTES_PER_THREAD[path]` a thread."""
+    return max(1, tile // (32 * BYTES_PER_THREAD[path]))
 
 
 _FIELDS = ("groups_per_program", "num_warps")
@@ -361,35 +372,40 @@ def _check_config(cfg: QuantConfig, block: int, who: str) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _config_cached(kind: str, total_groups: int, block: int, elem_bytes: int, env: tuple) -> QuantConfig:
-    # Memory-bound: each program should have enough bytes in flight to keep HBM busy (16 KB of
-    # x a program, two or more programs resident per SM), but the grid should still cover
-    # every SM twice; so start at 16 KB and halve while the grid is under 2 x 132 programs,
-    # down to 2 KB (below that the launch dominates anyway: decode rows). Warps follow from
-    # the bytes a thread (BYTES_PER_THREAD: measured on the H200).
+def _config_cached(kind: str, path: str, total_groups: int, block: int, elem_bytes: int, env: tuple) -> QuantConfig:
+    # Memory-bound: each program should have enough bytes in flight to keep HBM busy (16-32 KB
+    # of x a program, two or more programs resident per SM), but the grid should still cover
+    # every SM twice; so start at the path's largest tile and halve while the grid is under
+    # 2 x 132 programs, down to 2 KB (below that the launch dominates anyway: decode rows).
+    # Warps follow from the bytes a thread (BYTES_PER_THREAD: measured on the H200).
     n_bytes = total_groups * block * elem_bytes
-    for tile in TILE_BYTES:
+    for tile in TILE_BYTES[path]:
         if triton.cdiv(n_bytes, tile) >= 2 * H200_NUM_SMS:
             break
     gpp = max(1, tile // (block * elem_bytes))
     programs = triton.cdiv(total_groups, gpp)
     cfg = QuantConfig(
-        gpp, warps_for_tile(kind, tile),
+        gpp, warps_for_tile(path, tile),
         f"{total_groups} groups of {block} x {elem_bytes} B: {tile} B a program -> {programs} programs "
         f"({'>= 2 per SM' if programs >= 2 * H200_NUM_SMS else 'smallest tile; launch-bound'}), "
-        f"{warps_for_tile(kind, tile)} warps ({BYTES_PER_THREAD[kind]} B a thread: H200 sweep, BYTES_PER_THREAD)")
+        f"{warps_for_tile(path, tile)} warps ({path} path: {BYTES_PER_THREAD[path]} B a thread, TILE_BYTES)")
     cfg = tuning.apply_env_overrides(cfg, kind.upper(), _FIELDS)
     _check_config(cfg, block, kind)
     return cfg
 
 
-def quant_config(kind: str, total_groups: int, block: int, elem_bytes: int = 2) -> QuantConfig:
+def quant_config(kind: str, total_groups: int, block: int, elem_bytes: int = 2, path: str | None = None) -> QuantConfig:
     """Launch configuration of ``kind`` ("act_quant" or "fp4_quant") for ``total_groups``
-    groups of ``block`` elements of ``elem_bytes`` bytes (2 for bf16); memoized per those and
-    the overrides ``LOWBIT_<KIND>_GROUPS_PER_PROGRAM`` / ``LOWBIT_<KIND>_NUM_WARPS``."""
+    groups of ``block`` elements of ``elem_bytes`` bytes (2 for bf16); path: the kernel path's
+    `TILE_BYTES` key (default: ``kind``, i.e. fp4_quant's bf16 MXFP4 path; `fp4_path` gives it);
+    memoized per those and the overrides ``LOWBIT_<KIND>_GROUPS_PER_PROGRAM`` /
+    ``LOWBIT_<KIND>_NUM_WARPS``."""
     if kind not in ENV_OVERRIDES:
         raise ValueError(f"kind must be one of {sorted(ENV_OVERRIDES)}, got {kind!r}")
-    return _config_cached(kind, int(total_groups), int(block), int(elem_bytes), _env_key(kind))
+    path = path or kind
+    if path not in TILE_BYTES or not path.startswith(kind):
+        raise ValueError(f"path {path!r} is not a path of {kind} ({sorted(TILE_BYTES)})")
+    return _config_cached(kind, path, int(total_groups), int(block), int(elem_bytes), _env_key(kind))
 
 
 def explain_quant_config(kind: str, rows: int, k: int, block: int, elem_bytes: int = 2) -> str:
@@ -554,7 +570,7 @@ def fp4_quant(
         s = _check_out(out_scale, torch.float8_e4m3fn if e4m3 else torch.uint8,
                        (*x.shape[:-1], x.shape[-1] // block), x.device, "out_scale", who)
     if total:
-        config = config or quant_config(who, total, block, x.element_size())
+        config = config or quant_config(who, total, block, x.element_size(), fp4_path(x.dtype, scale_fmt, inplace))
         _check_config(config, block, who)
         xk = x2 if inplace else _as_pairs(x2)
         _launch(_fp4_quant_kernel, x2, xk, q, s, block, total, config, E4M3=e4m3, INPLACE=bool(inplace))
@@ -573,10 +589,9 @@ def compile_configs():
                 "stride_xm": "i32", "BLOCK": "constexpr", "GROUPS": "constexpr", flag: "constexpr",
                 "INPLACE": "constexpr", "X_KIND": "constexpr"}
 
-    variants = [("bf16", 0, 2, tile) for tile in TILE_BYTES] + [("fp32", 2, 4, TILE_BYTES[0])]
     unaligned = ("total_groups", "groups_per_row")
     cfgs = []
-    for dtype, kind, size, tile in variants:
+    for dtype, kind, size, tile in [("bf16", 0, 2, t) for t in TILE_BYTES["act_quant"]] + [("fp32", 2, 4, 16384)]:
         warps = warps_for_tile("act_quant", tile)
         for block in FP8_GROUP_SIZES:
             gpp = tile // (block * size)
@@ -587,11 +602,15 @@ def compile_configs():
                         _act_quant_kernel, sig(dtype, ("y_ptr", "*fp8e4nv"), "*fp32", "UE8M0"),
                         {"BLOCK": block, "GROUPS": gpp, "UE8M0": ue8m0, "INPLACE": inplace, "X_KIND": kind},
                         num_warps=warps, unaligned=unaligned))
-        warps = warps_for_tile("fp4_quant", tile)
+    fp4_variants = [("bf16", 0, 2, path, t) for path in ("fp4_quant", "fp4_quant_fp32") for t in TILE_BYTES[path]]
+    for dtype, kind, size, path, tile in fp4_variants + [("fp32", 2, 4, "fp4_quant_fp32", 16384)]:
+        warps = warps_for_tile(path, tile)
         for fmt, block in FP4_SCALE_FMTS.items():
             gpp = tile // (block * size)
             e4m3 = fmt == "e4m3"
             for inplace in (False, True):
+                if fp4_path({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype], fmt, inplace) != path:
+                    continue
                 x = dtype if inplace else {"bf16": "i32", "fp32": "i64"}[dtype]  # pair words
                 cfgs.append(KernelConfig(
                     f"fp4_quant[{dtype},{fmt},G={gpp},w={warps},inplace={int(inplace)}]",
