@@ -47,6 +47,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.fp8_gemm_sm90",
     "lowbit.kernels.w4a16_sm90",
     "lowbit.kernels.fp4_gemm",
+    "lowbit.kernels.fp4_decode_sm90",
 ]
 
 

@@ -324,6 +324,22 @@ ENV_OVERRIDES = override_names("FP4_GEMM", _FIELDS)
 #: The fold engine's fixup tile: the direct kernel's prefill tile, exact k_step 128 path, no
 #: split-K (it overwrites output tiles). Its block_n is also the fold's rows per leftover flag.
 _FIX_TILE = BlockScaledConfig(128, 64, 8, 3, False, k_step=128)
+#: The decode mma engine's tiles (`fp4_decode_sm90`), by padded activation rows (the MMA's N
+#: side, a power of two >= 16): (cols, num_warps (16 weight rows each), ring stages).
+DECODE_MMA_TILES = {16: (16, 4, 4), 32: (32, 4, 4), 64: (64, 4, 4)}
+
+
+def _mma_tile_problem(cfg: BlockScaledConfig, m: int) -> str | None:
+    """Why `cfg` is not a tile of the mma engine for M rows (None when it is): block_m (the
+    padded activation rows) 16 / 32 / 64 and >= M, block_n = 16 * num_warps with 1-8 warps,
+    2-8 stages, split_k >= 1 (overrides may reach tiles beside `DECODE_MMA_TILES`)."""
+    if cfg.block_m not in DECODE_MMA_TILES or cfg.block_m < m:
+        return f"block_m must be one of {sorted(DECODE_MMA_TILES)} and >= M={m}, got {cfg.block_m}"
+    if cfg.num_warps not in (1, 2, 4, 8) or cfg.block_n != 16 * cfg.num_warps:
+        return f"block_n must be 16 * num_warps (1-8 warps), got {cfg.block_n} with {cfg.num_warps} warps"
+    if not 2 <= cfg.num_stages <= 8 or cfg.split_k < 1:
+        return f"num_stages must be 2-8 and split_k >= 1, got {cfg.num_stages}, {cfg.split_k}"
+    return None
 #: The fold engine's Gluon GEMM tile (block_m, block_n, num_warps, stages): what `fp8_gemm`
 #: picks for prefill (`fp8_gemm_sm90.GLUON_TILES`; H200 M=4096: 1.02-1.07x the Triton tile).
 _FOLD_TILE = (64, 128, 4, 4)
@@ -360,11 +376,28 @@ def _fold_config(reason: str) -> BlockScaledConfig:
     return BlockScaledConfig(bm, bn, warps, stages, False, split_k=1, k_step=128, engine="fold", reason=reason)
 
 
+def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
+    """The decode mma engine's configuration: `DECODE_MMA_TILES` by M, K split until the grid
+    holds two programs an SM (at least two 128-K steps a split)."""
+    cols, warps, stages = DECODE_MMA_TILES[max(16, triton.next_power_of_2(m))]
+    programs = triton.cdiv(n, 16 * warps)
+    steps = k // 128
+    split = max(1, min(triton.cdiv(2 * sms, programs), steps // 2))
+    per = triton.cdiv(steps, split)
+    split = triton.cdiv(steps, per)
+    return BlockScaledConfig(cols, 16 * warps, warps, stages, True, split_k=split, k_step=128, engine="mma", reason=(
+        f"decode M={m} on sm_90: mma engine (f16 mma.sync on exact E2M1 / E4M3 values, group and block scales "
+        f"in FP32), {16 * warps} weight rows x {cols} activation rows a program; {programs} programs, "
+        f"split K {split} ways ({per} steps each)"))
+
+
 @lru_cache(maxsize=4096)
-def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon: bool, env: tuple) -> BlockScaledConfig:
+def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon: bool, mma: bool,
+                   env: tuple) -> BlockScaledConfig:
     direct = _direct_config(m, n, k, act_block_size, sms)
     bm, bn = _FOLD_TILE[:2]
     fold = gluon and act_block_size == 128 and m > 64
+    use_mma = mma and act_block_size == 128 and m <= 64 and k % 128 == 0
     if fold:
         # H200, sixth session, CUDA graph, us (fold engine vs the direct Triton kernel):
         #   M=4096 (N, K) = (2304, 5120) / (5120, 2304): 190.7 / 195.0 vs 754.6 / 714.1 (the
@@ -376,19 +409,32 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon:
         cfg = _fold_config(f"M={m} on sm_90: fold engine (weight folded to FP8 once, Gluon {bm}x{bn} FP8 "
                               f"GEMM with per-row scales, exact fixup of leftover groups; H200 M=4096 "
                               f"3.7-4.0x the direct kernel, M=128 1.1-1.8x)")
+    elif use_mma:
+        cfg = _mma_config(m, n, k, sms)
     else:
         cfg = direct
     cfg = apply_env_overrides(cfg, "FP4_GEMM", _FIELDS)
-    if fold and cfg.engine == "triton":  # LOWBIT_FP4_GEMM_ENGINE=triton: the direct kernel's own tile
+    if (fold or use_mma) and cfg.engine == "triton":  # LOWBIT_FP4_GEMM_ENGINE=triton: the direct kernel's own tile
         cfg = apply_env_overrides(direct, "FP4_GEMM", _FIELDS)
-    return _fit_engine(cfg, m, act_block_size)
+    return _fit_engine(cfg, m, n, k, act_block_size, sms, use_mma or (mma and m <= 64 and act_block_size == 128
+                                                                       and k % 128 == 0), direct)
 
 
-def _fit_engine(cfg: BlockScaledConfig, m: int, act_block_size: int) -> BlockScaledConfig:
-    """``LOWBIT_FP4_GEMM_ENGINE=fold`` works as a global switch (as fp8_gemm's ``gluon``): a
-    shape whose tile the Gluon GEMM does not have gets the fold tile (M > 64); decode shapes
-    (M <= 64: no swap-AB Gluon tile) and act_block_size 32 (the fold needs 1x128 activation
-    scales) stay on the Triton kernel, with the reason said."""
+def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: int, sms: int, mma_ok: bool,
+                direct: BlockScaledConfig) -> BlockScaledConfig:
+    """``LOWBIT_FP4_GEMM_ENGINE=fold`` / ``mma`` work as global switches (as fp8_gemm's
+    ``gluon``): a shape the engine has no tile for runs the engine's own tile (fold: M > 64;
+    mma: where `mma_ok`); other shapes stay on the Triton kernel, with the reason said."""
+    if cfg.engine == "mma":
+        if not mma_ok:
+            return replace(direct, reason=f"{direct.reason}; the mma engine needs M <= 64, act_block_size 128, "
+                                          f"K % 128 == 0 and an sm_90 GPU with aligned operands: triton")
+        problem = _mma_tile_problem(cfg, m)
+        if problem:
+            base = _mma_config(m, n, k, sms)
+            return replace(base, split_k=cfg.split_k, reason=f"{cfg.reason}; {problem}: mma tile {base.block_m} x "
+                                                            f"{base.block_n}")
+        return cfg
     if cfg.engine != "fold":
         return cfg
     if act_block_size != 128:
@@ -403,22 +449,48 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, act_block_size: int) -> BlockSca
 
 
 def fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
-                    gluon: bool = False) -> BlockScaledConfig:
-    """Launch configuration of `fp4_gemm`, memoized per shape, act_block_size, SM count, `gluon`
-    and the ``LOWBIT_FP4_GEMM_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES, SWAP_AB,
-    SPLIT_K, K_STEP, ENGINE). gluon: the fold engine may be chosen (a Hopper GPU, TMA-able
-    activations); prefill shapes with act_block_size 128 then get it by default."""
+                    gluon: bool = False, mma: bool = False) -> BlockScaledConfig:
+    """Launch configuration of `fp4_gemm`, memoized per shape, act_block_size, SM count, `gluon`,
+    `mma` and the ``LOWBIT_FP4_GEMM_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES,
+    SWAP_AB, SPLIT_K, K_STEP, ENGINE). gluon: the fold engine may be chosen (a Hopper GPU,
+    TMA-able activations); prefill shapes with act_block_size 128 then get it by default.
+    mma: the decode mma engine may be chosen (a Hopper GPU, operands `fp4_decode_sm90` takes);
+    decode shapes (M <= 64) with act_block_size 128 and K % 128 == 0 then get it."""
     if act_block_size not in (32, 128):
         raise ValueError(f"act_block_size must be 32 or 128, got {act_block_size}")
-    return _config_cached(m, n, k, act_block_size, sms, gluon, env_key("FP4_GEMM", _FIELDS))
+    return _config_cached(m, n, k, act_block_size, sms, gluon, mma, env_key("FP4_GEMM", _FIELDS))
 
 
 def explain_fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
-                            gluon: bool = False) -> str:
-    c = fp4_gemm_config(m, n, k, act_block_size, sms, gluon)
+                            gluon: bool = False, mma: bool = False) -> str:
+    c = fp4_gemm_config(m, n, k, act_block_size, sms, gluon, mma)
     return (f"fp4_gemm M={m} N={n} K={k} act_block={act_block_size}: block_m={c.block_m} block_n={c.block_n} "
             f"warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} "
             f"k_step={c.k_step} engine={c.engine} -- {c.reason}")
+
+
+def mma_capable(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor, act_block_size: int) -> bool:
+    """Whether the decode mma engine can run these (validated) operands: an sm_90 GPU and
+    `fp4_decode_sm90.decode_mma_problem` None."""
+    if not is_sm90_native(a.device):
+        return False
+    from .fp4_decode_sm90 import decode_mma_problem
+
+    return decode_mma_problem(a, a_s, b, b_s, act_block_size) is None
+
+
+def _launch_mma(a, a_s, b, b_s, out, config: BlockScaledConfig, act_block_size: int, who: str) -> None:
+    """The decode mma engine, after checking what a hand-made config may get wrong."""
+    require_sm90(a.device, f"{who} engine='mma'")
+    from .fp4_decode_sm90 import decode_mma_launch, decode_mma_problem
+
+    problem = decode_mma_problem(a, a_s, b, b_s, act_block_size)
+    if problem:
+        raise ValueError(f"{who}: engine='mma' {problem}")
+    problem = _mma_tile_problem(config, a.shape[0])
+    if problem:
+        raise ValueError(f"{who}: engine='mma': {problem}")
+    decode_mma_launch(a, a_s, b, b_s, out, config.block_m, config.num_warps, config.num_stages, config.split_k)
 
 
 def fold_capable(a: torch.Tensor) -> bool:
@@ -500,7 +572,11 @@ def fp4_gemm(
     if k == 0:
         return out.zero_()
     if config is None:
-        config = fp4_gemm_config(m, n, k, act_block_size, num_sms(a.device), fold_capable(a))
+        config = fp4_gemm_config(m, n, k, act_block_size, num_sms(a.device), fold_capable(a),
+                                 mma_capable(a, a_s, b, b_s, act_block_size))
+    if config.engine == "mma":
+        _launch_mma(a, a_s, b, b_s, out, config, act_block_size, who)
+        return out
     check_config(config, who, k_steps=(32, 128), engines=("triton", "fold"))
     if config.engine == "fold":
         if act_block_size != 128:
@@ -584,7 +660,7 @@ def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str) -> No
 # --------------------------------------------------------------------------- compile tier
 def production_tiles() -> list[BlockScaledConfig]:
     """Every tile the heuristics can pick (k_step and split_k vary at runtime), k_step 128."""
-    tiles = [_config_cached(m, 4096, 7168, 128, 10**6, False, ()) for m in (1, 17, 33, 4096)]
+    tiles = [_config_cached(m, 4096, 7168, 128, 10**6, False, False, ()) for m in (1, 17, 33, 4096)]
     return [replace(t, split_k=1, reason="") for t in tiles]
 
 
