@@ -645,11 +645,12 @@ class Fp4GemmLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.fp4_gemm import fold_capable, fp4_gemm, fp4_gemm_config  # noqa: PLC0415
+        from ..kernels.fp4_gemm import fold_capable, fp4_gemm, fp4_gemm_config, mma_capable  # noqa: PLC0415
         from ..kernels.fp8_gemm import num_sms  # noqa: PLC0415
 
         i = problem.inputs
-        cfg = (fp4_gemm_config(i["m"], i["n"], i["k"], 128, num_sms(i["a"].device), fold_capable(i["a"]))
+        cfg = (fp4_gemm_config(i["m"], i["n"], i["k"], 128, num_sms(i["a"].device), fold_capable(i["a"]),
+                               mma_capable(i["a"], i["a_s"], i["b"], i["b_s"], 128))
                if problem.device.type == "cuda" else None)
         self._config = _cfg_dict(cfg)
         out = torch.empty(i["m"], i["n"], dtype=torch.bfloat16, device=problem.device)

@@ -130,7 +130,7 @@ def _fp8_gemm_kernel(
     store_block_scaled_tile(c_ptr, acc, rm, rn, m_ok, n_ok, pid_k, stride_cm, stride_cs, SWAP_AB, SPLIT_OUT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N"])  # M = 1 would become a constexpr int
 def _splitk_reduce_kernel(ws_ptr, c_ptr, M, N, split_k, stride_cm, BLOCK: tl.constexpr):
     """``c[m, n] = bf16(sum_s ws[s, m, n])`` in the order s = 0, 1, ...; ws contiguous."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
