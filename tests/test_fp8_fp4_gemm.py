@@ -592,6 +592,110 @@ def test_fp4_gemm_env_override_engine(monkeypatch):
     assert fp4_gemm_config(4096, 2304, 5120) == base
 
 
+# ------------------------------------------------------------------------------------ fp4_gemm mma engine
+MMA_CASES = {
+    "M1_N_off_tile": (1, 200, 384),           # one row (15 dead MMA columns), N off the 64-row tile
+    "M3_split_uneven": (3, 128, 640),         # 5 K steps: splits of 2 leave a short last share
+    "M16_bench_K": (16, 320, 1024),
+    "M33_cols64": (33, 72, 640),              # 64 padded columns, N not a multiple of 16
+    "M64_full": (64, 136, 512),
+}
+
+
+def _mma(m, warps=4, stages=4, split=1):
+    cols = max(16, 1 << (m - 1).bit_length())
+    return BlockScaledConfig(cols, 16 * warps, warps, stages, True, split_k=split, engine="mma")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(MMA_CASES.values()), ids=list(MMA_CASES))
+def test_fp4_gemm_mma_engine_matches_reference(shape, gen):
+    """The decode mma engine (f16 mma.sync on exact values, scales in FP32) against the FP32
+    reference: each shape direct and split (even and uneven shares), 2 and 8 warps, 2 and 6
+    stages; poisoned outputs, so unwritten columns show."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the mma engine is an sm_90 Gluon kernel")
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp4_weight(n, k, gen)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
+    assert fp4_mod.mma_capable(*ops, 128)
+    for cfg in (_mma(m), _mma(m, split=2), _mma(m, split=k // 128), _mma(m, warps=2, stages=2, split=3),
+                _mma(m, warps=8, stages=6)):
+        out = _run(fp4_gemm, *ops, 128, m=m, n=n, device="cuda", config=cfg)
+        _check(out, ref, f"mma {shape} {cfg}")
+
+
+@pytest.mark.gpu
+def test_fp4_gemm_mma_engine_exact_on_spread_scales_and_default(gen):
+    """Group scales 2**-26 .. 2**40 inside one 128-K step (the spread weights; each row type
+    checked on its own): the engine applies each group's scale to that group's exact partial,
+    so no level is lost. And on an sm_90 GPU decode shapes default to it."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the mma engine is an sm_90 Gluon kernel")
+    a, a_s, b, b_s = _spread_problem(gen, m=24, n=48, k=512)
+    ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
+    for cfg in (_mma(24), _mma(24, split=4)):
+        out = _run(fp4_gemm, *ops, 128, m=24, n=48, device="cuda", config=cfg).float().cpu()
+        for t in range(4):
+            _check(out[:, t::4], ref[:, t::4], f"mma engine, row type {t}, split {cfg.split_k}")
+    cfg = fp4_gemm_config(24, 48, 512, 128, 132, fp4_mod.fold_capable(ops[0]), fp4_mod.mma_capable(*ops, 128))
+    assert cfg.engine == "mma", cfg
+    default = fp4_gemm(*ops)  # the launcher's own choice: the same engine and tile, bit-identical
+    assert_bitwise_equal(default.cpu(), fp4_gemm(*ops, config=cfg).cpu(), "default vs mma config")
+    # a row base off 16 bytes: not capable, the default falls back to the Triton kernel (still right)
+    wide, wa_s = _acts(24, 512 + 32, gen)
+    a_off = wide.cuda()[:, 1:513]
+    assert not fp4_mod.mma_capable(a_off, wa_s[:, :4].cuda(), ops[2], ops[3], 128)
+    with pytest.raises(ValueError, match="engine='mma' needs a K-contiguous with 16-byte aligned rows"):
+        fp4_gemm(a_off, wa_s[:, :4].cuda(), ops[2], ops[3], config=_mma(24))
+
+
+def test_fp4_gemm_mma_engine_contract(gen):
+    """engine='mma': act_block_size 128, K % 128 == 0, a tile it has (clear errors); never on
+    the CPU / under the interpreter."""
+    a, a_s = _acts(4, 256, gen)
+    a32, a32_s = _acts(4, 256, gen, group=32)
+    b, b_s = _fp4_weight(128, 256, gen)
+    assert not fp4_mod.mma_capable(a, a_s, b, b_s, 128)  # CPU tensors
+    from lowbit.kernels.fp4_decode_sm90 import decode_mma_problem
+    assert "act_block_size 128" in decode_mma_problem(a32, a32_s, b, b_s, 32)
+    a3, a3_s = _acts(4, 288, gen)
+    b3, b3_s = _fp4_weight(128, 288, gen)
+    assert "K % 128" in decode_mma_problem(a3, a3_s, b3, b3_s, 128)
+    assert decode_mma_problem(a, a_s, b, b_s, 128) is None
+    if interpreter_active() or not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"engine='mma'.*needs a CUDA GPU"):
+            fp4_gemm(a, a_s, b, b_s, config=_mma(4))
+    bad = (replace(_mma(4), block_m=8), replace(_mma(4), block_n=32), replace(_mma(4), num_stages=9),
+           replace(_mma(40), block_m=32))
+    for cfg in bad:
+        assert fp4_mod._mma_tile_problem(cfg, 40 if cfg.block_m == 32 else 4), cfg
+
+
+def test_fp4_gemm_mma_heuristics(monkeypatch):
+    """mma=True (an sm_90 GPU, operands the engine takes): decode shapes with 1x128 activation
+    scales and K % 128 == 0 get the engine, split to ~3.5 programs an SM; the rest as before."""
+    c = fp4_gemm_config(16, 2304, 5120, mma=True)
+    assert (c.engine, c.block_m, c.block_n, c.num_warps, c.split_k) == ("mma", 16, 64, 4, 10), c
+    assert fp4_gemm_config(16, 5120, 2304, mma=True).split_k == 6
+    assert fp4_gemm_config(33, 2304, 5120, mma=True).block_m == 64
+    assert fp4_gemm_config(16, 2304, 5120, 32, mma=True).engine == "triton"   # 1x32 act scales
+    assert fp4_gemm_config(16, 200, 288, mma=True).engine == "triton"         # K % 128 != 0
+    assert fp4_gemm_config(128, 2304, 5120, mma=True).engine == "triton"      # prefill
+    assert fp4_gemm_config(16, 2304, 5120).engine == "triton"                 # not capable
+    assert "engine=mma" in fp4_mod.explain_fp4_gemm_config(16, 2304, 5120, mma=True)
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_SPLIT_K", "3")
+    assert fp4_gemm_config(16, 2304, 5120, mma=True).split_k == 3
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "mma")
+    forced = fp4_gemm_config(16, 2304, 5120)  # not capable: the Triton kernel, the reason said
+    assert forced.engine == "triton" and "mma engine needs" in forced.reason
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "triton")
+    assert fp4_gemm_config(16, 2304, 5120, mma=True).engine == "triton"
+
+
 # ------------------------------------------------------------------------------------ linear
 def _ref_linear(x, weight, scale, act, scale_fmt, kind):
     x2 = x.reshape(-1, x.shape[-1])

@@ -52,16 +52,66 @@ _STEP_K: gl.constexpr = gl.constexpr(STEP_K)
 _E2M1_F16_RESCALE: gl.constexpr = gl.constexpr(2.0**14)
 
 
-@gluon.jit
-def _e2m1_f16(c):
-    """E2M1 codes (int16, 0..15) -> f16 equal to the code's value * 2**-14, exactly."""
-    return (((c & 7) << 9) | ((c & 8) << 12)).to(gl.float16, bitcast=True)
+#: Four E2M1 code pairs -> f16: $4 = four weight bytes (element i in byte i; each byte holds
+#: the codes of K 2j (low nibble) and 2j + 1); $0, $1 = the low nibbles of bytes 0-1, 2-3 as
+#: f16x2, $2, $3 = the high nibbles. f16 bits of code c: ``(c & 7) << 9 | (c & 8) << 12`` =
+#: its value times 2**-14 (exact; codes 0.5 and 0 are subnormal / zero).
+_E2M1X4_F16_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 x, y, t, u;
+prmt.b32 x, $4, 0, 0x4140;
+prmt.b32 y, $4, 0, 0x4342;
+and.b32 t, x, 0x00070007;
+and.b32 u, x, 0x00080008;
+shl.b32 t, t, 9;
+shl.b32 u, u, 12;
+or.b32 $0, t, u;
+and.b32 t, y, 0x00070007;
+and.b32 u, y, 0x00080008;
+shl.b32 t, t, 9;
+shl.b32 u, u, 12;
+or.b32 $1, t, u;
+and.b32 t, x, 0x00700070;
+and.b32 u, x, 0x00800080;
+shl.b32 t, t, 5;
+shl.b32 u, u, 8;
+or.b32 $2, t, u;
+and.b32 t, y, 0x00700070;
+and.b32 u, y, 0x00800080;
+shl.b32 t, t, 5;
+shl.b32 u, u, 8;
+or.b32 $3, t, u;
+}
+""")
+
+#: Two activation pairs -> f16: $2 = two int16 words, each (E4M3 at K 2j, at 2j + 1); $0 = the
+#: even elements as f16x2, $1 = the odd ones (exact).
+_E4M3_PAIRS_F16_PTX: gl.constexpr = gl.constexpr("""
+{
+.reg .b32 t;
+.reg .b16 lo, hi;
+prmt.b32 t, $2, 0, 0x4420;
+mov.b32 {lo, hi}, t;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+prmt.b32 t, $2, 0, 0x4431;
+mov.b32 {lo, hi}, t;
+cvt.rn.f16x2.e4m3x2 $1, lo;
+}
+""")
 
 
 @gluon.jit
-def _e4m3_f16(v):
-    """E4M3 bytes (int16, 0..255) -> their f16 values, exactly."""
-    return v.to(gl.uint8).to(gl.float8e4nv, bitcast=True).to(gl.float16)
+def _weights_f16(byt):
+    """Weight bytes ``[R, 16]`` (A fragment layout) -> (low nibbles, high nibbles) as f16."""
+    return gl.inline_asm_elementwise(_E2M1X4_F16_PTX, "=r,=r,=r,=r,r", [byt], dtype=(gl.float16, gl.float16),
+                                     is_pure=True, pack=4)
+
+
+@gluon.jit
+def _acts_f16(pairs):
+    """Activation pairs ``[16, C]`` int16 (B fragment layout) -> (even K, odd K) as f16."""
+    return gl.inline_asm_elementwise(_E4M3_PAIRS_F16_PTX, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
+                                     is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -105,10 +155,10 @@ def _step(wring, sring, xring, aring, st, acc, dot_a: gl.constexpr, dot_b: gl.co
     a_s = aring.index(st).load(gl.SliceLayout(0, mma))
     blk = gl.zeros([ROWS, COLS], gl.float32, mma)
     for q in gl.static_range(4):
-        c = wb.slice(16 * q, 16, dim=1).load(dot_a).to(gl.int16)
-        pairs = xp.slice(16 * q, 16, dim=0).load(dot_b)
-        p = mma_v2(_e2m1_f16(c & 15), _e4m3_f16(pairs & 255), gl.zeros([ROWS, COLS], gl.float32, mma))
-        p = mma_v2(_e2m1_f16(c >> 4), _e4m3_f16((pairs >> 8) & 255), p)
+        w_lo, w_hi = _weights_f16(wb.slice(16 * q, 16, dim=1).load(dot_a))
+        x_ev, x_od = _acts_f16(xp.slice(16 * q, 16, dim=0).load(dot_b))
+        p = mma_v2(w_lo, x_ev, gl.zeros([ROWS, COLS], gl.float32, mma))
+        p = mma_v2(w_hi, x_od, p)
         e = (e4 >> (8 * q)) & 255
         s = gl.where(e == 0, 1 << 22, e << 23).to(gl.float32, bitcast=True)  # 2**(e - 127); 0 -> 2**-127
         blk += p * s[:, None]

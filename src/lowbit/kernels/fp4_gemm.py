@@ -377,18 +377,19 @@ def _fold_config(reason: str) -> BlockScaledConfig:
 
 
 def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
-    """The decode mma engine's configuration: `DECODE_MMA_TILES` by M, K split until the grid
-    holds two programs an SM (at least two 128-K steps a split)."""
+    """The decode mma engine's configuration: `DECODE_MMA_TILES` by M; K split so the grid
+    holds about 3.5 programs an SM, the splits equalized. H200, CUDA graph, M=16 (2026-11-30,
+    `scripts/sweeps/fp4_gemm_mma.json`): (N, K) = (2304, 5120) split 4 / 10 / 20:
+    19.0 / 15.8 / 17.7 us; (5120, 2304) split 2 / 6 / 9: 17.9 / 15.2 / 16.0 us."""
     cols, warps, stages = DECODE_MMA_TILES[max(16, triton.next_power_of_2(m))]
     programs = triton.cdiv(n, 16 * warps)
     steps = k // 128
-    split = max(1, min(triton.cdiv(2 * sms, programs), steps // 2))
-    per = triton.cdiv(steps, split)
+    per = triton.cdiv(steps, max(1, min(steps, triton.cdiv(7 * sms, 2 * programs))))
     split = triton.cdiv(steps, per)
     return BlockScaledConfig(cols, 16 * warps, warps, stages, True, split_k=split, k_step=128, engine="mma", reason=(
         f"decode M={m} on sm_90: mma engine (f16 mma.sync on exact E2M1 / E4M3 values, group and block scales "
-        f"in FP32), {16 * warps} weight rows x {cols} activation rows a program; {programs} programs, "
-        f"split K {split} ways ({per} steps each)"))
+        f"in FP32), {16 * warps} weight rows x {cols} activation rows a program; {programs} programs x split K "
+        f"{split} ({per} steps each): ~3.5 programs an SM"))
 
 
 @lru_cache(maxsize=4096)
