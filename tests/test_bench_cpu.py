@@ -89,7 +89,8 @@ def test_op_case_registry():
     seed = select_cases(["seed004"])
     gemms = {(c.family, c.p["m"], c.p["n"], c.p["k"]) for c in seed if c.family.endswith("gemm")}
     assert gemms == {(op, m, n, k) for op in ("fp8_gemm", "fp4_gemm") for m in (16, 128, 4096)
-                     for n, k in ((2304, 5120), (5120, 2304))}
+                     for n, k in ((2304, 5120), (5120, 2304))} | {("fp4_gemm", 64, 2304, 5120),
+                                                                ("fp4_gemm", 64, 5120, 2304)}
     fams = {c.family for c in seed}
     assert fams == {"fp8_gemm", "fp4_gemm", "act_quant", "fp4_quant", "sparse_attn", "hc_split_sinkhorn"}
     attn = CASES["sparse_attn_decode"].p
