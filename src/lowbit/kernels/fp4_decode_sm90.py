@@ -108,6 +108,13 @@ def _weights_f16(byt):
 
 
 @gluon.jit
+def _act_words_f16(words):
+    """Activation words ``[C, 32]`` int32 (four E4M3 of K 4w..4w+3) -> (even K, odd K) f16x2 words."""
+    return gl.inline_asm_elementwise(_E4M3_PAIRS_F16_PTX, "=r,=r,r", [words], dtype=(gl.int32, gl.int32),
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
 def _acts_f16(pairs):
     """Activation pairs ``[16, C]`` int16 (B fragment layout) -> (even K, odd K) as f16."""
     return gl.inline_asm_elementwise(_E4M3_PAIRS_F16_PTX, "=r,=r,r", [pairs], dtype=(gl.float16, gl.float16),
@@ -142,21 +149,37 @@ def _fill(wring, sring, xring, aring, st, kt, live, b_ptr, bs_ptr, a_ptr, as_ptr
 
 
 @gluon.jit
-def _step(wring, sring, xring, aring, st, acc, dot_a: gl.constexpr, dot_b: gl.constexpr):
+def _step(wring, sring, xring, aring, xh, st, acc, dot_a: gl.constexpr, dot_b: gl.constexpr, x_l: gl.constexpr,
+          B_SMEM: gl.constexpr):
     """acc += the stage's 128-K step: per 32-K group, ``(lo x even + hi x odd) * 2**(e - 127)``
-    (two mma.sync chains), the step's sum times the activation scale per column."""
+    (two mma.sync chains), the step's sum times the activation scale per column. B_SMEM: the
+    CTA converts the step's activations to f16 once into `xh` (even / odd K) and the warps read
+    their B fragments from there; otherwise each warp converts its own fragments (cheaper while
+    the activations are few: at 16 columns a fragment conversion is 2 instructions a warp)."""
     ROWS: gl.constexpr = wring.shape[1]
     COLS: gl.constexpr = xring.shape[1]
     mma: gl.constexpr = acc.type.layout
+    swz: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])  # the x ring's 16-byte units, as 2-byte elements
     wb = wring.index(st)._reinterpret(gl.uint8, [ROWS, 64], gl.SwizzledSharedLayout(16, 1, 4, [1, 0]))
-    xp = xring.index(st)._reinterpret(gl.int16, [COLS, 64], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
-    xp = xp.permute((1, 0))
+    if B_SMEM:
+        ev, od = _act_words_f16(xring.index(st).load(x_l))
+        xh.index(0).store(ev)
+        xh.index(1).store(od)
+        gl.thread_barrier()
+        xe = xh.index(0)._reinterpret(gl.float16, [COLS, 64], swz).permute((1, 0))
+        xo = xh.index(1)._reinterpret(gl.float16, [COLS, 64], swz).permute((1, 0))
+    else:
+        xp = xring.index(st)._reinterpret(gl.int16, [COLS, 64], swz).permute((1, 0))
     e4 = sring.index(st).load(gl.SliceLayout(1, mma))  # four E8M0 bytes a row
     a_s = aring.index(st).load(gl.SliceLayout(0, mma))
     blk = gl.zeros([ROWS, COLS], gl.float32, mma)
     for q in gl.static_range(4):
         w_lo, w_hi = _weights_f16(wb.slice(16 * q, 16, dim=1).load(dot_a))
-        x_ev, x_od = _acts_f16(xp.slice(16 * q, 16, dim=0).load(dot_b))
+        if B_SMEM:
+            x_ev = xe.slice(16 * q, 16, dim=0).load(dot_b)
+            x_od = xo.slice(16 * q, 16, dim=0).load(dot_b)
+        else:
+            x_ev, x_od = _acts_f16(xp.slice(16 * q, 16, dim=0).load(dot_b))
         p = mma_v2(w_lo, x_ev, gl.zeros([ROWS, COLS], gl.float32, mma))
         p = mma_v2(w_hi, x_od, p)
         e = (e4 >> (8 * q)) & 255
@@ -170,7 +193,8 @@ def _fp4_decode_kernel(
     a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr,
     M, N, K, steps_per_split,
     stride_am, stride_asm, stride_bn, stride_bsn, stride_cs, stride_cm,
-    COLS: gl.constexpr, STAGES: gl.constexpr, SPLIT_OUT: gl.constexpr, num_warps: gl.constexpr,
+    COLS: gl.constexpr, STAGES: gl.constexpr, SPLIT_OUT: gl.constexpr, B_SMEM: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Program (n tile, K split): ``c[:, n0 .. n0 + 16 num_warps]`` over the split's K steps. a, b
     and b_s as int32 words (strides in words), a_s FP32; c bf16 ``[M, N]`` or, with SPLIT_OUT,
@@ -191,6 +215,8 @@ def _fp4_decode_kernel(
     sring = gl.allocate_shared_memory(gl.int32, [STAGES, ROWS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     xring = gl.allocate_shared_memory(gl.int32, [STAGES, COLS, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
     aring = gl.allocate_shared_memory(gl.float32, [STAGES, COLS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # the step's activations as f16 (even K, odd K) when B_SMEM; one row otherwise (unused)
+    xh = gl.allocate_shared_memory(gl.int32, [2, COLS if B_SMEM else 1, 32], gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
 
     for i in gl.static_range(STAGES - 1):
         _fill(wring, sring, xring, aring, i, k0 + i, i < n_steps, b_ptr, bs_ptr, a_ptr, as_ptr, n0, N, M,
@@ -202,7 +228,7 @@ def _fp4_decode_kernel(
         nxt = i + STAGES - 1
         _fill(wring, sring, xring, aring, nxt % STAGES, k0 + nxt, nxt < n_steps, b_ptr, bs_ptr, a_ptr, as_ptr, n0,
               N, M, stride_bn, stride_bsn, stride_am, stride_asm, w_l, x_l, v_l)
-        acc = _step(wring, sring, xring, aring, i % STAGES, acc, dot_a, dot_b)
+        acc = _step(wring, sring, xring, aring, xh, i % STAGES, acc, dot_a, dot_b, x_l, B_SMEM)
     async_copy.wait_group(0)
 
     acc = acc * _E2M1_F16_RESCALE
@@ -217,6 +243,12 @@ def _fp4_decode_kernel(
 
 
 # =========================================================================== launcher
+def b_in_smem(cols: int) -> bool:
+    """Whether the CTA converts the activations to f16 once a step (`_step`'s B_SMEM): from 32
+    columns, where each warp converting its own B fragments costs more than the weights."""
+    return cols >= 32
+
+
 def decode_mma_problem(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor,
                        act_block_size: int) -> str | None:
     """Why the mma engine cannot run these operands (None when it can): 128-K activation
@@ -253,7 +285,7 @@ def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: in
     _fp4_decode_kernel[grid](
         a4, a_s, b4, bs4, dst, m, n, k, per,
         a4.stride(0), a_s.stride(0), b4.stride(0), bs4.stride(0), stride_cs, stride_cm,
-        COLS=cols, STAGES=stages, SPLIT_OUT=split > 1, num_warps=num_warps,
+        COLS=cols, STAGES=stages, SPLIT_OUT=split > 1, B_SMEM=b_in_smem(cols), num_warps=num_warps,
     )
     if split > 1:
         splitk_reduce(ws, out)
@@ -270,13 +302,13 @@ def compile_configs():
            "M": "i32", "N": "i32", "K": "i32", "steps_per_split": "i32",
            "stride_am": "i32", "stride_asm": "i32", "stride_bn": "i32", "stride_bsn": "i32", "stride_cs": "i32",
            "stride_cm": "i32", "COLS": "constexpr", "STAGES": "constexpr", "SPLIT_OUT": "constexpr",
-           "num_warps": "constexpr"}
+           "B_SMEM": "constexpr", "num_warps": "constexpr"}
     out = []
     for cols, warps, stages in sorted(set(DECODE_MMA_TILES.values())):
         for split in (False, True):
             s = dict(sig, c_ptr="*fp32") if split else sig
             out.append(KernelConfig(
                 f"fp4_decode_mma[C={cols},w={warps},s={stages},split={int(split)}]", _fp4_decode_kernel, s,
-                {"COLS": cols, "STAGES": stages, "SPLIT_OUT": split, "num_warps": warps},
+                {"COLS": cols, "STAGES": stages, "SPLIT_OUT": split, "B_SMEM": b_in_smem(cols), "num_warps": warps},
                 num_warps=warps, expect_sass=("HMMA",), unaligned=("M", "N", "steps_per_split", "stride_asm")))
     return out

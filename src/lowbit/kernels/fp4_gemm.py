@@ -326,7 +326,7 @@ ENV_OVERRIDES = override_names("FP4_GEMM", _FIELDS)
 _FIX_TILE = BlockScaledConfig(128, 64, 8, 3, False, k_step=128)
 #: The decode mma engine's tiles (`fp4_decode_sm90`), by padded activation rows (the MMA's N
 #: side, a power of two >= 16): (cols, num_warps (16 weight rows each), ring stages).
-DECODE_MMA_TILES = {16: (16, 4, 4), 32: (32, 4, 4), 64: (64, 4, 4)}
+DECODE_MMA_TILES = {16: (16, 4, 4), 32: (32, 4, 4), 64: (64, 2, 3)}
 
 
 def _mma_tile_problem(cfg: BlockScaledConfig, m: int) -> str | None:
