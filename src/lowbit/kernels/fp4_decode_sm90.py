@@ -273,6 +273,8 @@ def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: in
     m, k = a.shape
     n = b.shape[0]
     k_steps = k // STEP_K
+    if a_s.stride(1) != 1:  # the kernel steps along a scale row with unit stride
+        a_s = a_s.contiguous()
     per = triton.cdiv(k_steps, max(1, min(split_k, k_steps)))
     split = triton.cdiv(k_steps, per)
     if split > 1:

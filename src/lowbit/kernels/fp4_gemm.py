@@ -72,9 +72,15 @@ bytes; k_step from act_block_size. With ``gluon=True`` (the launcher passes `fol
 act_block_size 128 and M > 64: the fold engine, 64x128, 4 warps, 4 stages (`fp8_gemm`'s
 prefill Gluon tile); H200 (sixth session, CUDA graph): M=4096 190.7 / 195.0 us against 754.6 /
 714.1 for the direct kernel (Humming's W4A8: 123.6 / 117.4), M=128 1.1-1.8x the direct
-kernel (`_config_cached` has the numbers). Memoized with the ``LOWBIT_FP4_GEMM_*`` overrides
-in the key (ENGINE included: ``fold`` / ``triton`` force an engine where it can run). The
-direct kernel's tiles come from the compile tier's register and shared-memory reports.
+kernel (`_config_cached` has the numbers). With ``mma=True`` (the launcher passes
+`mma_capable`: an sm_90 GPU, K % 128 == 0, aligned rows), act_block_size 128 and M <= 64: the
+decode mma engine (`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3
+values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split
+to ~3.5 programs an SM); H200 (tenth session, CUDA graph, beside Humming's W4A8): M=16 14.1 /
+14.3 us against 35.4 / 43.2 for the direct kernel and 15.0 / 15.1 for Humming; M=64 19.6 /
+19.3 against 67.0 / 59.2 and 16.4 / 16.8. Memoized with the ``LOWBIT_FP4_GEMM_*`` overrides
+in the key (ENGINE included: ``fold`` / ``mma`` / ``triton`` force an engine where it can run).
+The direct kernel's tiles come from the compile tier's register and shared-memory reports.
 """
 
 from __future__ import annotations
@@ -325,8 +331,12 @@ ENV_OVERRIDES = override_names("FP4_GEMM", _FIELDS)
 #: split-K (it overwrites output tiles). Its block_n is also the fold's rows per leftover flag.
 _FIX_TILE = BlockScaledConfig(128, 64, 8, 3, False, k_step=128)
 #: The decode mma engine's tiles (`fp4_decode_sm90`), by padded activation rows (the MMA's N
-#: side, a power of two >= 16): (cols, num_warps (16 weight rows each), ring stages).
-DECODE_MMA_TILES = {16: (16, 4, 4), 32: (32, 4, 4), 64: (64, 2, 3)}
+#: side, a power of two >= 16): (cols, num_warps (16 weight rows each), ring stages). H200,
+#: 2026-11-30, CUDA graph (`scripts/sweeps/fp4_gemm_mma.json`): M=16 (N, K) = (2304, 5120) /
+#: (5120, 2304): 4 warps 14.0 / 14.0 us, 2 warps 15.0 / 14.3, 3 or 6 stages within 0.5 us;
+#: M=64: 4 warps 4 stages 19.6 / 19.3, 3 stages 19.9 / 19.9, 2 warps 21.3-23.2. M=32: not
+#: measured (the M=16 tile's shape with 32 columns).
+DECODE_MMA_TILES = {16: (16, 4, 4), 32: (32, 4, 4), 64: (64, 4, 4)}
 
 
 def _mma_tile_problem(cfg: BlockScaledConfig, m: int) -> str | None:
@@ -379,8 +389,10 @@ def _fold_config(reason: str) -> BlockScaledConfig:
 def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
     """The decode mma engine's configuration: `DECODE_MMA_TILES` by M; K split so the grid
     holds about 3.5 programs an SM, the splits equalized. H200, CUDA graph, M=16 (2026-11-30,
-    `scripts/sweeps/fp4_gemm_mma.json`): (N, K) = (2304, 5120) split 4 / 10 / 20:
-    19.0 / 15.8 / 17.7 us; (5120, 2304) split 2 / 6 / 9: 17.9 / 15.2 / 16.0 us."""
+    `scripts/sweeps/fp4_gemm_mma.json`, before the inline-PTX conversions): (N, K) = (2304,
+    5120) split 4 / 10 / 14 / 20: 19.0 / 15.8 / - / 17.7 us; (5120, 2304) split 2 / 6 / 9: 17.9 /
+    15.2 / 16.0 us; after them, 14.0 (split 10) vs 14.6 (14), 14.0 (6) vs 14.1 (9); M=64 split
+    4 instead of 7 / 4: 25.1 / 22.4 vs 21.3 / 21.1 us (2-warp tile)."""
     cols, warps, stages = DECODE_MMA_TILES[max(16, triton.next_power_of_2(m))]
     programs = triton.cdiv(n, 16 * warps)
     steps = k // 128
