@@ -56,33 +56,17 @@ _E2M1_F16_RESCALE: gl.constexpr = gl.constexpr(2.0**14)
 #: the codes of K 2j (low nibble) and 2j + 1); $0, $1 = the low nibbles of bytes 0-1, 2-3 as
 #: f16x2, $2, $3 = the high nibbles. f16 bits of code c: ``(c & 7) << 9 | (c & 8) << 12`` =
 #: its value times 2**-14 (exact; codes 0.5 and 0 are subnormal / zero).
-_E2M1X4_F16_PTX: gl.constexpr = gl.constexpr("""
-{
-.reg .b32 x, y, t, u;
-prmt.b32 x, $4, 0, 0x4140;
-prmt.b32 y, $4, 0, 0x4342;
-and.b32 t, x, 0x00070007;
-and.b32 u, x, 0x00080008;
-shl.b32 t, t, 9;
-shl.b32 u, u, 12;
-or.b32 $0, t, u;
-and.b32 t, y, 0x00070007;
-and.b32 u, y, 0x00080008;
-shl.b32 t, t, 9;
-shl.b32 u, u, 12;
-or.b32 $1, t, u;
-and.b32 t, x, 0x00700070;
-and.b32 u, x, 0x00800080;
-shl.b32 t, t, 5;
-shl.b32 u, u, 8;
-or.b32 $2, t, u;
-and.b32 t, y, 0x00700070;
-and.b32 u, y, 0x00800080;
-shl.b32 t, t, 5;
-shl.b32 u, u, 8;
-or.b32 $3, t, u;
-}
-""")
+def _e2m1x4_f16_ptx() -> str:
+    """The PTX of `_E2M1X4_F16_PTX`: per output, mask the magnitude and sign bits of one nibble
+    of two lanes and shift them into place (low nibbles: 9 and 12, high nibbles: 5 and 8)."""
+    body = ["prmt.b32 x, $4, 0, 0x4140;", "prmt.b32 y, $4, 0, 0x4342;"]  # bytes 0-1 / 2-3 -> lanes
+    for out, (src, nib) in enumerate([("x", 0), ("y", 0), ("x", 4), ("y", 4)]):
+        body += [f"and.b32 t, {src}, {0x00070007 << nib:#010x};", f"and.b32 u, {src}, {0x00080008 << nib:#010x};",
+                 f"shl.b32 t, t, {9 - nib};", f"shl.b32 u, u, {12 - nib};", f"or.b32 ${out}, t, u;"]
+    return "\n{\n.reg .b32 x, y, t, u;\n" + "\n".join(body) + "\n}\n"
+
+
+_E2M1X4_F16_PTX: gl.constexpr = gl.constexpr(_e2m1x4_f16_ptx())
 
 #: Two activation pairs -> f16: $2 = two int16 words, each (E4M3 at K 2j, at 2j + 1); $0 = the
 #: even elements as f16x2, $1 = the odd ones (exact).
