@@ -19,15 +19,22 @@ product does not care how K is ordered, so each 32-K group runs as two mma.sync 
 16 "pair" positions: low nibbles x even activations, high nibbles x odd ones. The weight
 bytes ``[rows, 16]`` of a group load straight into the A fragment layout (two adjacent bytes a
 register half), the activation pairs ``[16, cols]`` into the B fragment layout, and both
-convert elementwise (bit ops for E2M1; ``cvt.f16x2.e4m3x2`` for E4M3).
+convert in inline PTX (a ``prmt`` and bit ops for four E2M1 pairs; ``cvt.rn.f16x2.e4m3x2``).
+From 32 columns (`b_in_smem`) the CTA converts each step's activations to f16 once into
+shared memory instead (even K, odd K) and the warps read f16 B fragments from there: each
+warp converting its own fragments would cost more than its weights (H200, M=64: 23.1 / 22.8
+-> 21.3 / 21.1 us at a 2-warp tile).
 
 Program ``(n tile, K split)``: ``16 * num_warps`` weight rows (16 a warp, the mma's M side),
 all M rows of ``a`` padded to COLS (the N side), K steps ``split * steps_per_split ..``
 (128 K a step = one activation block). A STAGES-deep cp.async ring holds per step the weight
 bytes (16-byte copies; 16-byte units XOR-swizzled by row mod 4), the four E8M0 scales of each
 row (one 4-byte copy), the activations (16-byte copies; units swizzled by column mod 8, so the
-B fragment reads are conflict-free) and the step's activation scales; one CTA barrier a step.
-Split K writes FP32 shares that `fp8_gemm.splitk_reduce` sums.
+B fragment reads are conflict-free) and the step's activation scales; one CTA barrier a step
+(two with the shared f16 activations). Split K writes FP32 shares that
+`fp8_gemm.splitk_reduce` sums (a second launch: at M = 16 the engine and Humming's W4A8 both
+take ~14-15 us for 1.3 us of weight bytes, so launches and latency, not bandwidth, set the
+time; `fp4_gemm.DECODE_MMA_TILES` and `_mma_config` carry the measurements).
 
 Gluon does not run under the Triton interpreter: the CPU tier runs the Triton kernel; the GPU
 tests compare this engine with the FP32 reference.
