@@ -344,6 +344,22 @@ def _round_sources(rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, id
 
 
 @gluon.jit
+def _advance_fill(rf, kf, sources, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I,
+                  MB: gl.constexpr, wc_l: gl.constexpr, sc_l: gl.constexpr, x2_l: gl.constexpr, flat: gl.constexpr):
+    """The fill side's next (round, K step): past a round's last step, the next round's copy
+    sources (`_round_sources`); `sources` otherwise."""
+    w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = sources
+    kf += 1
+    if kf == nk:
+        rf += 1
+        kf = 0
+        w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
+            rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l,
+            flat)
+    return rf, kf, w_rows, w_ok, s_rows, s_ok, x_rows, x_ok
+
+
+@gluon.jit
 def _down_mma_kernel(
     act_ptr, ids_ptr, tw_ptr, w_ptr, s_ptr, out_ptr,
     M, top_k, num_experts, H, I, nk,
@@ -399,13 +415,9 @@ def _down_mma_kernel(
         live = st < n_steps
         _fill(wring, sring, xring, st, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live, 8 * H, x_rows, x_k0,
               x_ok & live, I, wc_l, sc_l, X_LAYOUT)
-        kf += 1
-        if kf == nk:
-            rf += 1
-            kf = 0
-            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
-                rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
-                x2_l, flat)
+        rf, kf, w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _advance_fill(
+            rf, kf, (w_rows, w_ok, s_rows, s_ok, x_rows, x_ok), present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr,
+            ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
     kt = 0
     it = 0
     for st in range(0, n_steps):
@@ -414,13 +426,9 @@ def _down_mma_kernel(
         live = st + STAGES - 1 < n_steps
         _fill(wring, sring, xring, (st + STAGES - 1) % STAGES, kf, w_rows, w_ok & live, s_ptr, s_rows, s_ok & live,
               8 * H, x_rows, x_k0, x_ok & live, I, wc_l, sc_l, X_LAYOUT)
-        kf += 1
-        if kf == nk:
-            rf += 1
-            kf = 0
-            w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _round_sources(
-                rf, present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr, ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l,
-                x2_l, flat)
+        rf, kf, w_rows, w_ok, s_rows, s_ok, x_rows, x_ok = _advance_fill(
+            rf, kf, (w_rows, w_ok, s_rows, s_ok, x_rows, x_ok), present, rank, bins, h0, H, nk, w_ptr, s_ptr, act_ptr,
+            ids_ptr, t0, M, top_k, I, MB, wc_l, sc_l, x2_l, flat)
         part_e, part_o = _tile_step(wring, sring, xring, st % STAGES, 0, BW, dot_a, dot_b, part_e, part_o)
         kt += 1
         if kt == nk:  # the round's last step: fold each visit's routing weights in, per column
