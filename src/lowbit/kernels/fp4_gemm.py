@@ -429,8 +429,7 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon:
     cfg = apply_env_overrides(cfg, "FP4_GEMM", _FIELDS)
     if (fold or use_mma) and cfg.engine == "triton":  # LOWBIT_FP4_GEMM_ENGINE=triton: the direct kernel's own tile
         cfg = apply_env_overrides(direct, "FP4_GEMM", _FIELDS)
-    return _fit_engine(cfg, m, n, k, act_block_size, sms, use_mma or (mma and m <= 64 and act_block_size == 128
-                                                                       and k % 128 == 0), direct)
+    return _fit_engine(cfg, m, n, k, act_block_size, sms, use_mma, direct)
 
 
 def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: int, sms: int, mma_ok: bool,
