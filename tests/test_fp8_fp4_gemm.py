@@ -21,6 +21,7 @@ from lowbit.kernels import fp4_gemm as fp4_mod
 from lowbit.kernels import fp8_gemm as fp8_mod
 from lowbit.kernels.fp4_gemm import fp4_gemm, fp4_gemm_config
 from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config
+from lowbit.kernels.fp8_gemm_sm90 import GLUON_TILES
 from lowbit.linear import ACT_QUANT_BACKEND, linear, weight_kind
 from lowbit.reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
 from lowbit.reference.gemm import fp4_fold_ref
@@ -169,11 +170,12 @@ GLUON_CASES = {
     "M300_N320_K1040": (300, 320, 1040),   # M, N and K tails (TMA zero fill), 9 K blocks > 4 stages
     "M128_N128_K128": (128, 128, 128),     # one block: the prologue and the drain only
     "M1024_N2304_K5120": (1024, 2304, 5120),  # V4-Flash shape, 40 K blocks through the ring
+    "M4100_N1000_K300": (4100, 1000, 300),  # 264 128x128 tiles: persistent programs take two or more
 }
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(128, 128, 8, 4), (64, 128, 4, 4)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("tile", GLUON_TILES, ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
 @pytest.mark.parametrize("shape", list(GLUON_CASES.values()), ids=list(GLUON_CASES))
 def test_fp8_gemm_gluon_engine_matches_reference(shape, tile, gen):
     """The opt-in Hopper Gluon kernel (fp8_gemm_sm90): same budget as the Triton kernel, and
@@ -489,8 +491,9 @@ FOLD_CASES = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(128, 128, 8, 4), (64, 128, 4, 4)], ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("shape", list(FOLD_CASES.values()), ids=list(FOLD_CASES))
-def test_fp4_gemm_fold_engine_matches_reference(shape, gen):
+def test_fp4_gemm_fold_engine_matches_reference(shape, tile, gen):
     """The fold engine (fold + Gluon GEMM + fixup) against the reference, on random weights and
     with one planted left-out group (its 64 columns come from the fixup); and close to the
     direct Triton kernel's output."""
@@ -501,8 +504,9 @@ def test_fp4_gemm_fold_engine_matches_reference(shape, gen):
     for b, b_s in (_fp4_weight(n, k, gen), _planted_weight(n, k, gen, rows=(n - 1,))):
         ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
         ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
-        out = _run(fp4_gemm, *ops, 128, m=m, n=n, device="cuda", config=FOLD)
-        _check(out, ref, f"fold {shape}")
+        out = _run(fp4_gemm, *ops, 128, m=m, n=n, device="cuda",
+                   config=BlockScaledConfig(*tile, False, engine="fold"))
+        _check(out, ref, f"fold {shape} {tile}")
         direct = fp4_gemm(*ops, 128, config=fp4_gemm_config(m, n, k))
         assert_close(out.float().cpu(), direct.float().cpu(), "bf16_out", "fold vs triton engine")
 

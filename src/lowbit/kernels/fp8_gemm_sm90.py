@@ -52,11 +52,16 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 __all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 
-#: (block_m, block_n, num_warps, stages) the Gluon kernel is built for. 128x128 with two
-#: warpgroups: three live [128, 128] FP32 tiles (running sum, retiring product, product in
-#: flight) are 192 registers a thread; 4 stages of 32 KB (A + B) are 128 KB of shared memory.
-GLUON_TILES = ((128, 128, 8, 4), (64, 128, 4, 4))
+#: (block_m, block_n, num_warps, stages) the Gluon kernels are built for. 64x128, one warpgroup:
+#: `_fp8_gemm_sm90_kernel` (two K blocks an iteration). 128x128, two warpgroups ("8 warps"):
+#: the persistent warp-specialized `_fp8_gemm_sm90_ws_kernel` (two consumer warpgroups of 64
+#: rows, 168 registers a thread, and a producer warp); 4 or 6 stages of 32 KB (A + B).
+GLUON_TILES = ((128, 128, 8, 4), (128, 128, 8, 6), (64, 128, 4, 4))
 _BK = 128
+#: Registers (setmaxnreg) of the warp-specialized kernel's second consumer warpgroup and of its
+#: producer warp: a consumer holds two [64, BN] FP32 tiles (running sum, block product).
+_WS_MMA_REGS = gl.constexpr(232)
+_WS_LOAD_REGS = gl.constexpr(40)
 
 
 @gluon.jit
@@ -184,6 +189,125 @@ def _fp8_gemm_sm90_kernel(
     gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
 
 
+# --------------------------------------------------------------------------- warp-specialized
+@gluon.jit
+def _ws_tile(tile, tiles_n, BM: gl.constexpr, BN: gl.constexpr):
+    """(off_m, off_n) of persistent tile `tile`; N fastest, so the programs resident at once share
+    A row blocks and sweep all of B (both fit in the H200's L2 at the prefill shapes)."""
+    return (tile // tiles_n) * BM, (tile % tiles_n) * BN
+
+
+@gluon.jit
+def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles, tiles_n,
+                       STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
+    """Producer warp: every K block of every tile this program owns into the ring, a stage as soon
+    as both consumer warpgroups released it (empty barriers start in phase 0: waiting on phase 1
+    passes for the first STAGES blocks)."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    if B_SCALE_PER_ROW:
+        tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + s_desc.block_type.nbytes
+    else:
+        tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    nk = gl.cdiv(K, BK)
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _ws_tile(tile, tiles_n, BM, BN)
+        for kb in range(nk):
+            st = it % STAGES
+            mbarrier.wait(empty.index(st), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(st), tile_bytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, kb * BK], ready.index(st), a_bufs.index(st))
+            tma.async_copy_global_to_shared(b_desc, [off_n, kb * BK], ready.index(st), b_bufs.index(st))
+            if B_SCALE_PER_ROW:
+                tma.async_copy_global_to_shared(s_desc, [kb, off_n], ready.index(st), s_bufs.index(st))
+            it += 1
+
+
+@gluon.jit
+def _ws_mma_partition(a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
+                      stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
+                      WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                      STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
+    """Consumer warpgroup WG (rows ``64 WG .. 64 WG + 63`` of every tile): per K block one wgmma
+    product into fresh registers, the stage released as soon as it retires, then the promotion
+    ``acc += blk * scale`` on the CUDA cores -- while the other warpgroup's wgmma keeps the
+    tensor cores busy (the two warpgroups share no barrier, so they drift half a block apart).
+    The next block's activation scales are loaded before this block's wait."""
+    HALF: gl.constexpr = BM // 2
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # a stage's [1, BN] scale box as [BN]
+    zero = gl.zeros([HALF, BN], gl.float32, mma)
+    nk = gl.cdiv(K, BK)
+    it = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+        off_m, off_n = _ws_tile(tile, tiles_n, BM, BN)
+        rm = off_m + WG * HALF + gl.arange(0, HALF, layout=rows)
+        m_ok = rm < M
+        as_rows = as_ptr + rm.to(gl.int64) * stride_asm
+        bs_row = bs_ptr + (off_n // 128) * stride_bsn
+        s_next = _block_scale(as_rows, bs_row, 0, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+        acc = gl.zeros([HALF, BN], gl.float32, mma)
+        for kb in range(nk):
+            st = it % STAGES
+            scale = s_next
+            s_next = _block_scale(as_rows, bs_row, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+            mbarrier.wait(ready.index(st), (it // STAGES) & 1)
+            blk = warpgroup_mma(a_bufs.index(st).slice(WG * HALF, HALF), b_bufs.index(st).permute((1, 0)), zero,
+                                use_acc=False, is_async=True)
+            blk = warpgroup_mma_wait(num_outstanding=0, deps=(blk,))
+            if B_SCALE_PER_ROW:
+                sb = s_bufs.index(st)._reinterpret(gl.float32, [BN], flat).load(cols)
+                mbarrier.arrive(empty.index(st), count=1)
+                acc = acc + blk * scale[:, None] * sb[None, :]
+            else:
+                mbarrier.arrive(empty.index(st), count=1)
+                acc = acc + blk * scale[:, None]
+            it += 1
+        rn = off_n + gl.arange(0, BN, layout=cols)
+        c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
+        gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
+
+
+@gluon.jit
+def _fp8_gemm_sm90_ws_kernel(
+    a_desc, b_desc, s_desc, as_ptr, bs_ptr, c_ptr,
+    M, N, K, num_tiles, tiles_n,
+    stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
+):
+    """Persistent, warp-specialized 128xBN tiles: a producer warp (TMA) and two consumer
+    warpgroups in separate partitions, 64 rows each (`_ws_mma_partition`). Same promotion order
+    as `_fp8_gemm_sm90_kernel` (one product a K block, ``acc += blk * scale``)."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
+    if B_SCALE_PER_ROW:
+        s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
+    else:
+        s_bufs = a_bufs  # unused
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    gl.warp_specialize([
+        (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
+                             stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0, BM, BN, BK, STAGES,
+                             B_SCALE_PER_ROW)),
+        (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
+                             stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1, BM, BN, BK, STAGES,
+                             B_SCALE_PER_ROW)),
+        (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles, tiles_n,
+                              STAGES, B_SCALE_PER_ROW)),
+    ], [4, 1], [_WS_MMA_REGS.value, _WS_LOAD_REGS.value])
+
+
 _S_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)  # plain fp32 rows
 
 
@@ -208,6 +332,16 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
             raise ValueError(f"per-row weight scales must be stored K-block-major with 16-byte aligned rows "
                              f"(b_s.t() strides {st.stride()})")
         s_desc = TensorDescriptor(st, list(st.shape), [st.stride(0), 1], [1, block_n], _S_LAYOUT)
+    if block_m == 128:  # two warpgroups: the persistent warp-specialized kernel
+        tiles_n = triton.cdiv(n, block_n)
+        num_tiles = triton.cdiv(m, block_m) * tiles_n
+        grid = (min(num_tiles, torch.cuda.get_device_properties(a.device).multi_processor_count),)
+        _fp8_gemm_sm90_ws_kernel[grid](
+            a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k, num_tiles, tiles_n,
+            a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
+            STAGES=stages, num_warps=4, B_SCALE_PER_ROW=b_scale_per_row,
+        )
+        return
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _fp8_gemm_sm90_kernel[grid](
         a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k,
@@ -239,10 +373,14 @@ def compile_configs():
                 "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
                 "stride_cm": "i32", "STAGES": "constexpr", "num_warps": "constexpr", "B_SCALE_PER_ROW": "constexpr",
             }
-            consts = {"STAGES": stages, "num_warps": warps, "B_SCALE_PER_ROW": per_row}
+            ws = bm == 128  # two warpgroups: the warp-specialized persistent kernel
+            if ws:
+                sig = dict(sig, num_tiles="i32", tiles_n="i32")
+            consts = {"STAGES": stages, "num_warps": 4 if ws else warps, "B_SCALE_PER_ROW": per_row}
             cfgs.append(KernelConfig(
-                f"fp8_gemm_sm90_gluon[BM={bm},BN={bn},w={warps},stages={stages}"
-                f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_kernel, sig, consts, num_warps=warps,
-                num_stages=1, expect_sass=("QGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 1",),
-                unaligned=("M", "N", "K", "stride_ask", "stride_bsk")))
+                f"fp8_gemm_sm90_gluon{'_ws' if ws else ''}[BM={bm},BN={bn},w={warps},stages={stages}"
+                f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_ws_kernel if ws else _fp8_gemm_sm90_kernel,
+                sig, consts, num_warps=4 if ws else warps, num_stages=1, expect_sass=("QGMMA",),
+                expect_ptx=() if ws else ("wgmma.wait_group.sync.aligned 1",),
+                unaligned=("M", "N", "K", "stride_ask", "stride_bsk", "num_tiles", "tiles_n")))
     return cfgs
