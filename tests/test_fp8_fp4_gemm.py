@@ -170,7 +170,7 @@ GLUON_CASES = {
     "M300_N320_K1040": (300, 320, 1040),   # M, N and K tails (TMA zero fill), 9 K blocks > 4 stages
     "M128_N128_K128": (128, 128, 128),     # one block: the prologue and the drain only
     "M1024_N2304_K5120": (1024, 2304, 5120),  # V4-Flash shape, 40 K blocks through the ring
-    "M4100_N1000_K300": (4100, 1000, 300),  # 264 128x128 tiles: persistent programs take two or more
+    "M4100_N1000_K304": (4100, 1000, 304),  # 264 128x128 tiles: persistent programs take two or more
 }
 
 
