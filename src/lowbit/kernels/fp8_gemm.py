@@ -300,7 +300,7 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
                              f"swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
     if cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):
         raise ValueError(f"{who}: block_m must be a power of two >= 16, got {cfg.block_m}")
-    if cfg.block_n not in (16, 32, 64, 128):
+    if cfg.block_n not in (16, 32, 64, 128) and cfg.engine not in ("gluon", "fold"):  # gluon: its tiles above
         raise ValueError(f"{who}: block_n must divide 128 (16, 32, 64 or 128), got {cfg.block_n}")
     if cfg.split_k < 1:
         raise ValueError(f"{who}: split_k must be >= 1, got {cfg.split_k}")
