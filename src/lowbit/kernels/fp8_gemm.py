@@ -237,9 +237,20 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
         # it wins at M=128 even on a 36-program grid. Between 129 and 4095 rows and below 128
         # the choice is extrapolated, not measured. (Third session, before the C7514 fix: Gluon
         # 64x128 1.02-1.07x Triton at M=4096, and lost at M=128: 25.7 vs 19.6 us.)
-        cfg = BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
-            f"M={m} on sm_90: Gluon 64x128 (two K blocks an iteration, one's promotion under the "
-            f"other's wgmma; H200 M=128 1.07-1.47x the Triton tile, M=4096 0.60x torch per-tensor)"))
+        # Eleventh session (`scripts/sweeps/fp8_gemm_ws.json`, M=4096, same order): the persistent
+        # warp-specialized 128x128 kernel 111.2 / 120.4 us against 117.3 / 122.9 for the 64x128
+        # tile (1.05x / 1.02x); 6 stages 113.7 / 121.7. It runs one program an SM, so it is
+        # chosen only where its tiles fill the SMs.
+        tiles128 = triton.cdiv(m, 128) * triton.cdiv(n, 128)
+        if tiles128 >= sms:
+            cfg = BlockScaledConfig(128, 128, 8, 4, False, engine="gluon", reason=(
+                f"M={m} on sm_90: {tiles128} 128x128 tiles fill {sms} SMs: the persistent warp-specialized "
+                f"Gluon kernel (two consumer warpgroups, a TMA producer warp; H200 M=4096 1.02-1.05x the "
+                f"64x128 tile, 0.62-0.64x torch per-tensor)"))
+        else:
+            cfg = BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
+                f"M={m} on sm_90: {tiles128} 128x128 tiles < {sms} SMs: Gluon 64x128 (two K blocks an "
+                f"iteration, one's promotion under the other's wgmma; H200 M=128 1.07-1.47x the Triton tile)"))
     else:
         programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
@@ -300,7 +311,7 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
                              f"swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
     if cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):
         raise ValueError(f"{who}: block_m must be a power of two >= 16, got {cfg.block_m}")
-    if cfg.block_n not in (16, 32, 64, 128) and cfg.engine not in ("gluon", "fold"):  # gluon: its tiles above
+    if cfg.block_n not in (16, 32, 64, 128):
         raise ValueError(f"{who}: block_n must divide 128 (16, 32, 64 or 128), got {cfg.block_n}")
     if cfg.split_k < 1:
         raise ValueError(f"{who}: split_k must be >= 1, got {cfg.split_k}")

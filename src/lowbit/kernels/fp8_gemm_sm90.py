@@ -18,7 +18,19 @@ and ptxas then serialized every wgmma (C7514, reported as an "info" line the com
 not read until 2026-11-30): the overlap never reached the SASS. Two blocks an iteration with
 nothing in flight at the back edge compile clean; every second promotion is exposed.
 
-Structure (one partition, no warp specialization): a ``STAGES``-deep ring of TMA-loaded A and B
+Two kernels. `_fp8_gemm_sm90_ws_kernel` (the 128x128 tiles, the default where they fill the
+SMs) is persistent and warp-specialized: a producer warp streams every K block of the
+program's tiles through a TMA ring, and two consumer warpgroups, each in its own partition so
+no barrier couples them, take 64 rows each: one product a block, retired, the stage released,
+the promotion on the CUDA cores while the other warpgroup's product runs. H200 (eleventh
+session), M=4096: 111.2 / 120.4 us for (N, K) = (2304, 5120) / (5120, 2304), 1.05x / 1.02x the
+64x128 kernel below, still 0.62-0.64x torch's per-tensor FP8 GEMM (nvjet 128x160 tiles, a 2-CTA
+cluster). ncu at (5120, 2304): 0.29 instructions issued a cycle per scheduler, 44% of the stalls
+at the partitions' named barriers, 6.6 TB/s from L2 (cuBLAS: 6.9 TB/s at 1.6x the FLOP rate).
+256-wide tiles (two 128-column halves a warpgroup) were tried: with A from shared memory ptxas
+spilled (174 / 148 us), with A through registers (wgmma RS) 127 / 116 us; not kept.
+
+`_fp8_gemm_sm90_kernel` (64x128, one partition, no warp specialization): a ``STAGES``-deep ring of TMA-loaded A and B
 tiles in shared memory, one mbarrier per stage; a block's stage is refilled with block
 ``k + STAGES`` as soon as its product is promoted. TMA zero-fills rows and K columns past the
 tensor bounds, so M, N and K tails need no masks until the store (an odd number of K blocks
@@ -38,8 +50,6 @@ under the Triton interpreter: the Triton kernel stays the path on CPU.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -58,14 +68,12 @@ __all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 #: `_fp8_gemm_sm90_kernel` (two K blocks an iteration). 128x128, two warpgroups ("8 warps"):
 #: the persistent warp-specialized `_fp8_gemm_sm90_ws_kernel` (two consumer warpgroups of 64
 #: rows, 168 registers a thread, and a producer warp); 4 or 6 stages of 32 KB (A + B).
-GLUON_TILES = ((128, 128, 8, 4), (128, 128, 8, 6), (128, 256, 8, 3), (128, 256, 8, 4), (64, 128, 4, 4))
+GLUON_TILES = ((128, 128, 8, 4), (128, 128, 8, 6), (64, 128, 4, 4))
 _BK = 128
 #: Registers (setmaxnreg) of the warp-specialized kernel's second consumer warpgroup and of its
 #: producer warp: a consumer holds two [64, BN] FP32 tiles (running sum, block product).
 _WS_MMA_REGS = gl.constexpr(232)
 _WS_LOAD_REGS = gl.constexpr(40)
-#: Probe knob (not a tuning default): the consumer's A slice through registers (wgmma RS).
-_WS_A_IN_REGS = os.environ.get("LOWBIT_FP8_GEMM_WS_A_REGS", "0") == "1"
 
 
 @gluon.jit
@@ -230,41 +238,23 @@ def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, em
 
 
 @gluon.jit
-def _ws_half(acc, blk, a_op, b_half, scale, sb_half, cols: gl.constexpr, flat: gl.constexpr,
-             B_SCALE_PER_ROW: gl.constexpr):
-    """One 128-column half of a K block: its wgmma product (A from shared memory or registers)
-    into `blk`'s registers (``use_acc=False``: the previous product, already promoted, is dead;
-    a loop-invariant zero tile instead would hold 64 more registers), retired, then
-    ``acc += blk * scale`` (times the half's per-column scales with B_SCALE_PER_ROW)."""
-    blk = warpgroup_mma(a_op, b_half.permute((1, 0)), blk, use_acc=False, is_async=True)
-    blk = warpgroup_mma_wait(num_outstanding=0, deps=(blk,))
-    if B_SCALE_PER_ROW:
-        sb = sb_half._reinterpret(gl.float32, [blk.shape[1]], flat).load(cols)
-        return acc + blk * scale[:, None] * sb[None, :], blk
-    else:
-        return acc + blk * scale[:, None], blk
-
-
-@gluon.jit
 def _ws_mma_partition(a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
                       stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
                       WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                      STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, A_IN_REGS: gl.constexpr):
-    """Consumer warpgroup WG (rows ``64 WG .. 64 WG + 63`` of every tile): per K block and
-    128-column half one wgmma product into fresh registers, retired, then the promotion
+                      STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
+    """Consumer warpgroup WG (rows ``64 WG .. 64 WG + 63`` of every tile): per K block one wgmma
+    product into fresh registers, retired, the stage released, then the promotion
     ``acc += blk * scale`` on the CUDA cores -- while the other warpgroup's wgmma keeps the
-    tensor cores busy (the two warpgroups share no barrier, so they drift apart). A 256-wide tile
-    (two halves) halves the A tiles a FLOP; with A_IN_REGS the warpgroup's A slice is read from
-    shared memory once a block into registers for both halves. The next block's activation
-    scales are loaded before this block's wait."""
+    tensor cores busy (the two warpgroups share no barrier, so they can drift apart). The next
+    block's scales are loaded before this block's wait."""
     HALF: gl.constexpr = BM // 2
-    NH: gl.constexpr = BN // 128
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32])
-    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # a stage's [1, BN] scale box as [BN]
-    blk = gl.zeros([HALF, 128], gl.float32, mma)
+    # the product lands in the registers of the previous one (``use_acc=False``; already promoted,
+    # so dead): a loop-invariant zero tile instead would hold BN / 2 more registers a thread
+    blk = gl.zeros([HALF, BN], gl.float32, mma)
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -273,37 +263,27 @@ def _ws_mma_partition(a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_pt
         m_ok = rm < M
         as_rows = as_ptr + rm.to(gl.int64) * stride_asm
         bs_row = bs_ptr + (off_n // 128) * stride_bsn
-        bs_row1 = bs_row + stride_bsn * (NH - 1) * (off_n + 128 < N)  # second half's 128-row block
         s_next = _block_scale(as_rows, bs_row, 0, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-        s_next1 = _block_scale(as_rows, bs_row1, 0, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-        acc0 = gl.zeros([HALF, 128], gl.float32, mma)
-        acc1 = gl.zeros([HALF, 128], gl.float32, mma)
+        acc = gl.zeros([HALF, BN], gl.float32, mma)
         for kb in range(nk):
             st = it % STAGES
-            scale0 = s_next
-            scale1 = s_next1
+            scale = s_next
             s_next = _block_scale(as_rows, bs_row, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-            if NH == 2 and not B_SCALE_PER_ROW:
-                s_next1 = _block_scale(as_rows, bs_row1, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-            else:
-                s_next1 = s_next
             mbarrier.wait(ready.index(st), (it // STAGES) & 1)
-            a_op = a_bufs.index(st).slice(WG * HALF, HALF)
-            if A_IN_REGS:
-                a_op = a_op.load(dot_a)
-            sbs = s_bufs.index(st)
-            acc0, blk = _ws_half(acc0, blk, a_op, b_bufs.index(st).slice(0, 128), scale0, sbs.slice(0, 128, dim=1),
-                                 cols, flat, B_SCALE_PER_ROW)
-            if NH == 2:
-                acc1, blk = _ws_half(acc1, blk, a_op, b_bufs.index(st).slice(128, 128), scale1,
-                                     sbs.slice(128, 128, dim=1), cols, flat, B_SCALE_PER_ROW)
-            mbarrier.arrive(empty.index(st), count=1)
+            blk = warpgroup_mma(a_bufs.index(st).slice(WG * HALF, HALF), b_bufs.index(st).permute((1, 0)), blk,
+                                use_acc=False, is_async=True)
+            blk = warpgroup_mma_wait(num_outstanding=0, deps=(blk,))
+            if B_SCALE_PER_ROW:
+                sb = s_bufs.index(st)._reinterpret(gl.float32, [BN], flat).load(cols)
+                mbarrier.arrive(empty.index(st), count=1)
+                acc = acc + blk * scale[:, None] * sb[None, :]
+            else:
+                mbarrier.arrive(empty.index(st), count=1)
+                acc = acc + blk * scale[:, None]
             it += 1
-        rn = off_n + gl.arange(0, 128, layout=cols)
+        rn = off_n + gl.arange(0, BN, layout=cols)
         c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
-        gl.store(c, acc0.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
-        if NH == 2:
-            gl.store(c + 128, acc1.to(gl.bfloat16), mask=m_ok[:, None] & (rn + 128 < N)[None, :])
+        gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
 
 
 @gluon.jit
@@ -311,9 +291,9 @@ def _fp8_gemm_sm90_ws_kernel(
     a_desc, b_desc, s_desc, as_ptr, bs_ptr, c_ptr,
     M, N, K, num_tiles, tiles_n,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
-    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, A_IN_REGS: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
 ):
-    """Persistent, warp-specialized 128xBN tiles (BN 128 or 256): a producer warp (TMA) and two consumer
+    """Persistent, warp-specialized 128xBN tiles: a producer warp (TMA) and two consumer
     warpgroups in separate partitions, 64 rows each (`_ws_mma_partition`). Same promotion order
     as `_fp8_gemm_sm90_kernel` (one product a K block, ``acc += blk * scale``)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -333,10 +313,10 @@ def _fp8_gemm_sm90_ws_kernel(
     gl.warp_specialize([
         (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
                              stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0, BM, BN, BK, STAGES,
-                             B_SCALE_PER_ROW, A_IN_REGS)),
+                             B_SCALE_PER_ROW)),
         (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
                              stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1, BM, BN, BK, STAGES,
-                             B_SCALE_PER_ROW, A_IN_REGS)),
+                             B_SCALE_PER_ROW)),
         (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles, tiles_n,
                               STAGES, B_SCALE_PER_ROW)),
     ], [4, 1], [_WS_MMA_REGS.value, _WS_LOAD_REGS.value])
@@ -373,7 +353,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         _fp8_gemm_sm90_ws_kernel[grid](
             a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k, num_tiles, tiles_n,
             a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
-            STAGES=stages, num_warps=4, B_SCALE_PER_ROW=b_scale_per_row, A_IN_REGS=_WS_A_IN_REGS,
+            STAGES=stages, num_warps=4, B_SCALE_PER_ROW=b_scale_per_row,
         )
         return
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
@@ -409,9 +389,8 @@ def compile_configs():
             }
             ws = bm == 128  # two warpgroups: the warp-specialized persistent kernel
             if ws:
-                sig = dict(sig, num_tiles="i32", tiles_n="i32", A_IN_REGS="constexpr")
-            consts = {"STAGES": stages, "num_warps": 4 if ws else warps, "B_SCALE_PER_ROW": per_row,
-                      **({"A_IN_REGS": _WS_A_IN_REGS} if ws else {})}
+                sig = dict(sig, num_tiles="i32", tiles_n="i32")
+            consts = {"STAGES": stages, "num_warps": 4 if ws else warps, "B_SCALE_PER_ROW": per_row}
             cfgs.append(KernelConfig(
                 f"fp8_gemm_sm90_gluon{'_ws' if ws else ''}[BM={bm},BN={bn},w={warps},stages={stages}"
                 f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_ws_kernel if ws else _fp8_gemm_sm90_kernel,
