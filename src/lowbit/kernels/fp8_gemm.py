@@ -309,7 +309,9 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
             raise ValueError(f"{who}: the {cfg.engine} engine runs the prefill tiles (block_m, block_n, num_warps, "
                              f"num_stages) in {GLUON_TILES} without swap_ab or split_k; got {tile}, "
                              f"swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
-    if cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):
+    if cfg.engine in ("gluon", "fold"):
+        pass  # a tile of GLUON_TILES (checked above), 192 rows included
+    elif cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):
         raise ValueError(f"{who}: block_m must be a power of two >= 16, got {cfg.block_m}")
     if cfg.block_n not in (16, 32, 64, 128):
         raise ValueError(f"{who}: block_n must divide 128 (16, 32, 64 or 128), got {cfg.block_n}")

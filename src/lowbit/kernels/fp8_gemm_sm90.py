@@ -55,6 +55,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -62,18 +63,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .sm90 import tma_problem
+
 __all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 
 #: (block_m, block_n, num_warps, stages) the Gluon kernels are built for. 64x128, one warpgroup:
 #: `_fp8_gemm_sm90_kernel` (two K blocks an iteration). 128x128, two warpgroups ("8 warps"):
 #: the persistent warp-specialized `_fp8_gemm_sm90_ws_kernel` (two consumer warpgroups of 64
 #: rows, 168 registers a thread, and a producer warp); 4 or 6 stages of 32 KB (A + B).
-GLUON_TILES = ((128, 128, 8, 4), (128, 128, 8, 6), (64, 128, 4, 4))
+GLUON_TILES = ((128, 128, 8, 4), (192, 128, 12, 4), (64, 128, 4, 4))
+#: PAIRS (two products in flight a warpgroup) per consumer warpgroup count: three warpgroups
+#: have 152 registers a thread, too few for three FP32 tiles.
+WS_PAIRS = {2: True, 3: False}
 _BK = 128
 #: Registers (setmaxnreg) of the warp-specialized kernel's second consumer warpgroup and of its
 #: producer warp: a consumer holds two [64, BN] FP32 tiles (running sum, block product).
 _WS_MMA_REGS = gl.constexpr(232)
 _WS_LOAD_REGS = gl.constexpr(40)
+#: ... with three consumer warpgroups (16 warps with the producer's, padded): 152 each.
+_WS3_MMA_REGS = gl.constexpr(160)
 
 
 @gluon.jit
@@ -211,26 +219,30 @@ def _ws_tile(tile, tiles_n, BM: gl.constexpr, BN: gl.constexpr):
 
 @gluon.jit
 def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles, tiles_n,
-                       STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
-    """Producer warp: every K block of every tile this program owns into the ring, a stage as soon
-    as both consumer warpgroups released it (empty barriers start in phase 0: waiting on phase 1
-    passes for the first STAGES blocks)."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
+                       NUM_WG: gl.constexpr, STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
+                       PAIRS: gl.constexpr):
+    """Producer warp: every K block of every tile this program owns into the ring (A as NUM_WG
+    boxes of 64 rows, one a consumer), a stage as soon as every consumer warpgroup released it
+    (empty barriers start in phase 0: waiting on phase 1 passes for the first STAGES blocks)."""
+    ROWS: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     if B_SCALE_PER_ROW:
-        tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + s_desc.block_type.nbytes
+        tile_bytes: gl.constexpr = (NUM_WG * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+                                    + s_desc.block_type.nbytes)
     else:
-        tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        tile_bytes: gl.constexpr = NUM_WG * a_desc.block_type.nbytes + b_desc.block_type.nbytes
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _ws_tile(tile, tiles_n, BM, BN)
-        for kb in range(nk):
+        off_m, off_n = _ws_tile(tile, tiles_n, NUM_WG * ROWS, BN)
+        for kb in range(2 * gl.cdiv(nk, 2) if PAIRS else nk):  # PAIRS: an odd K gets a zero-filled block
             st = it % STAGES
             mbarrier.wait(empty.index(st), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(st), tile_bytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, kb * BK], ready.index(st), a_bufs.index(st))
+            for w in gl.static_range(NUM_WG):
+                tma.async_copy_global_to_shared(a_desc, [off_m + w * ROWS, kb * BK], ready.index(st),
+                                                a_bufs.index(st * NUM_WG + w))
             tma.async_copy_global_to_shared(b_desc, [off_n, kb * BK], ready.index(st), b_bufs.index(st))
             if B_SCALE_PER_ROW:
                 tma.async_copy_global_to_shared(s_desc, [kb, off_n], ready.index(st), s_bufs.index(st))
@@ -238,88 +250,152 @@ def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, em
 
 
 @gluon.jit
-def _ws_mma_partition(a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
-                      stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
-                      WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                      STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
-    """Consumer warpgroup WG (rows ``64 WG .. 64 WG + 63`` of every tile): per K block one wgmma
+def _ws_promote(acc, blk, scale, s_bufs, st, empty, BN: gl.constexpr, cols: gl.constexpr, flat: gl.constexpr,
+                B_SCALE_PER_ROW: gl.constexpr):
+    """Stage `st`'s retired product into the running sum (``acc += blk * scale``, times the
+    stage's per-row weight scales with B_SCALE_PER_ROW), the stage released once read."""
+    if B_SCALE_PER_ROW:
+        sb = s_bufs.index(st)._reinterpret(gl.float32, [BN], flat).load(cols)
+        mbarrier.arrive(empty.index(st), count=1)
+        return acc + blk * scale[:, None] * sb[None, :]
+    else:
+        mbarrier.arrive(empty.index(st), count=1)
+        return acc + blk * scale[:, None]
+
+
+@gluon.jit
+def _ws_mma_partition(a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N, K,
+                      num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
+                      WG: gl.constexpr, NUM_WG: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                      STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, PAIRS: gl.constexpr,
+                      TMA_STORE: gl.constexpr):
+    """Consumer warpgroup WG: rows ``64 WG .. 64 WG + 63`` of every tile. Per K block one wgmma
     product into fresh registers, retired, the stage released, then the promotion
-    ``acc += blk * scale`` on the CUDA cores -- while the other warpgroup's wgmma keeps the
-    tensor cores busy (the two warpgroups share no barrier, so they can drift apart). The next
-    block's scales are loaded before this block's wait."""
-    HALF: gl.constexpr = BM // 2
+    ``acc += blk * scale`` on the CUDA cores, while the other warpgroups' products keep the
+    tensor cores busy: each warpgroup is its own partition, so no barrier couples them. With
+    PAIRS two blocks are in flight and block 2j's promotion also runs under block 2j+1's wgmma
+    (the 64x128 kernel's pairing; 192 registers of FP32 tiles, so two warpgroups only). The
+    next blocks' scales are loaded before the current block's wait. With TMA_STORE the tile
+    leaves through shared memory and a TMA store that overlaps the next tile's K loop."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # a stage's [1, BN] scale box as [BN]
-    # the product lands in the registers of the previous one (``use_acc=False``; already promoted,
+    # each product lands in the registers of an earlier one (``use_acc=False``; already promoted,
     # so dead): a loop-invariant zero tile instead would hold BN / 2 more registers a thread
-    blk = gl.zeros([HALF, BN], gl.float32, mma)
+    blk = gl.zeros([64, BN], gl.float32, mma)
+    blk2 = gl.zeros([64, BN], gl.float32, mma)
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _ws_tile(tile, tiles_n, BM, BN)
-        rm = off_m + WG * HALF + gl.arange(0, HALF, layout=rows)
+        off_m, off_n = _ws_tile(tile, tiles_n, NUM_WG * 64, BN)
+        rm = off_m + WG * 64 + gl.arange(0, 64, layout=rows)
         m_ok = rm < M
         as_rows = as_ptr + rm.to(gl.int64) * stride_asm
         bs_row = bs_ptr + (off_n // 128) * stride_bsn
-        s_next = _block_scale(as_rows, bs_row, 0, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-        acc = gl.zeros([HALF, BN], gl.float32, mma)
-        for kb in range(nk):
-            st = it % STAGES
-            scale = s_next
-            s_next = _block_scale(as_rows, bs_row, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-            mbarrier.wait(ready.index(st), (it // STAGES) & 1)
-            blk = warpgroup_mma(a_bufs.index(st).slice(WG * HALF, HALF), b_bufs.index(st).permute((1, 0)), blk,
-                                use_acc=False, is_async=True)
-            blk = warpgroup_mma_wait(num_outstanding=0, deps=(blk,))
-            if B_SCALE_PER_ROW:
-                sb = s_bufs.index(st)._reinterpret(gl.float32, [BN], flat).load(cols)
-                mbarrier.arrive(empty.index(st), count=1)
-                acc = acc + blk * scale[:, None] * sb[None, :]
-            else:
-                mbarrier.arrive(empty.index(st), count=1)
-                acc = acc + blk * scale[:, None]
-            it += 1
-        rn = off_n + gl.arange(0, BN, layout=cols)
-        c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
-        gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
+        acc = gl.zeros([64, BN], gl.float32, mma)
+        if PAIRS:
+            s0n = _block_scale(as_rows, bs_row, 0, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+            s1n = _block_scale(as_rows, bs_row, 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+            for j in range(gl.cdiv(nk, 2)):
+                st0 = it % STAGES
+                st1 = (it + 1) % STAGES
+                s0 = s0n
+                s1 = s1n
+                s0n = _block_scale(as_rows, bs_row, 2 * j + 2, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+                s1n = _block_scale(as_rows, bs_row, 2 * j + 3, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+                mbarrier.wait(ready.index(st0), (it // STAGES) & 1)
+                blk = warpgroup_mma(a_bufs.index(st0 * NUM_WG + WG), b_bufs.index(st0).permute((1, 0)), blk,
+                                    use_acc=False, is_async=True)
+                mbarrier.wait(ready.index(st1), ((it + 1) // STAGES) & 1)
+                blk2 = warpgroup_mma(a_bufs.index(st1 * NUM_WG + WG), b_bufs.index(st1).permute((1, 0)), blk2,
+                                     use_acc=False, is_async=True)
+                blk = warpgroup_mma_wait(num_outstanding=1, deps=(blk,))
+                acc = _ws_promote(acc, blk, s0, s_bufs, st0, empty, BN, cols, flat, B_SCALE_PER_ROW)
+                blk2 = warpgroup_mma_wait(num_outstanding=0, deps=(blk2,))
+                acc = _ws_promote(acc, blk2, s1, s_bufs, st1, empty, BN, cols, flat, B_SCALE_PER_ROW)
+                it += 2
+        else:
+            s_next = _block_scale(as_rows, bs_row, 0, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+            for kb in range(nk):
+                st = it % STAGES
+                scale = s_next
+                s_next = _block_scale(as_rows, bs_row, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+                mbarrier.wait(ready.index(st), (it // STAGES) & 1)
+                blk = warpgroup_mma(a_bufs.index(st * NUM_WG + WG), b_bufs.index(st).permute((1, 0)), blk,
+                                    use_acc=False, is_async=True)
+                blk = warpgroup_mma_wait(num_outstanding=0, deps=(blk,))
+                acc = _ws_promote(acc, blk, scale, s_bufs, st, empty, BN, cols, flat, B_SCALE_PER_ROW)
+                it += 1
+        if TMA_STORE:
+            tma.store_wait(0)  # the previous tile's store has read this warpgroup's buffer
+            c_bufs.index(WG).store(acc.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(c_desc, [off_m + WG * 64, off_n], c_bufs.index(WG))
+        else:
+            rn = off_n + gl.arange(0, BN, layout=cols)
+            c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
+            gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
+    if TMA_STORE:
+        tma.store_wait(0)
 
 
 @gluon.jit
 def _fp8_gemm_sm90_ws_kernel(
-    a_desc, b_desc, s_desc, as_ptr, bs_ptr, c_ptr,
+    a_desc, b_desc, s_desc, c_desc, as_ptr, bs_ptr, c_ptr,
     M, N, K, num_tiles, tiles_n,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
-    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, NUM_WG: gl.constexpr,
+    PAIRS: gl.constexpr, TMA_STORE: gl.constexpr,
 ):
-    """Persistent, warp-specialized 128xBN tiles: a producer warp (TMA) and two consumer
-    warpgroups in separate partitions, 64 rows each (`_ws_mma_partition`). Same promotion order
-    as `_fp8_gemm_sm90_kernel` (one product a K block, ``acc += blk * scale``)."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
+    """Persistent, warp-specialized ``(64 NUM_WG) x BN`` tiles: a producer warp (TMA) and NUM_WG
+    (2 or 3) consumer warpgroups in separate partitions (`_ws_mma_partition`). Same promotion
+    order as `_fp8_gemm_sm90_kernel` (one product a K block, ``acc += blk * scale``): the
+    outputs are bit-identical."""
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * NUM_WG, 64, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, BK], b_desc.layout)
     if B_SCALE_PER_ROW:
         s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
     else:
         s_bufs = a_bufs  # unused
+    if TMA_STORE:
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [NUM_WG, 64, BN], c_desc.layout)
+    else:
+        c_bufs = a_bufs  # unused
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
-    gl.warp_specialize([
-        (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
-                             stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0, BM, BN, BK, STAGES,
-                             B_SCALE_PER_ROW)),
-        (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, ready, empty, as_ptr, bs_ptr, c_ptr, M, N, K, num_tiles, tiles_n,
-                             stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1, BM, BN, BK, STAGES,
-                             B_SCALE_PER_ROW)),
-        (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles, tiles_n,
-                              STAGES, B_SCALE_PER_ROW)),
-    ], [4, 1], [_WS_MMA_REGS.value, _WS_LOAD_REGS.value])
+        mbarrier.init(empty.index(i), count=NUM_WG)  # one arrive per consumer warpgroup
+    # (the partition lists are written out per NUM_WG: Gluon cannot build them in a loop)
+    if NUM_WG == 3:
+        gl.warp_specialize([
+            (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
+                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0,
+                                 NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
+            (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
+                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1,
+                                 NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
+            (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
+                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 2,
+                                 NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
+            (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles,
+                                  tiles_n, NUM_WG, STAGES, B_SCALE_PER_ROW, PAIRS)),
+        ], [4, 4, 1], [_WS3_MMA_REGS.value, _WS3_MMA_REGS.value, _WS_LOAD_REGS.value])
+    else:
+        gl.warp_specialize([
+            (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
+                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0,
+                                 NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
+            (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
+                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1,
+                                 NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
+            (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles,
+                                  tiles_n, NUM_WG, STAGES, B_SCALE_PER_ROW, PAIRS)),
+        ], [4, 1], [_WS_MMA_REGS.value, _WS_LOAD_REGS.value])
 
 
 _S_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)  # plain fp32 rows
@@ -331,11 +407,14 @@ def _layouts(bm: int, bn: int):
 
 
 def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: int, block_n: int,
-                         num_warps: int, stages: int, *, b_scale_per_row: bool = False) -> None:
+                         num_warps: int, stages: int, *, b_scale_per_row: bool = False, pairs: bool | None = None,
+                         tma_store: bool | None = None) -> None:
     """Launch the Gluon kernel: a ``fp8 [M, K]``, a_s ``fp32 [M, ceil(K/128)]``, b ``fp8 [N, K]``,
     b_s ``fp32 [ceil(N/128), ceil(K/128)]`` (128x128 blocks, `fp8_gemm`) or, with
     `b_scale_per_row`, ``fp32 [N, ceil(K/128)]`` (one scale per weight row and K block:
-    `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller)."""
+    `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller). `pairs` and
+    `tma_store` override the warp-specialized kernel's choices (probes: `scripts/probes/fp8_ws.py`):
+    `WS_PAIRS` per consumer count, and a TMA-store epilogue wherever `out` is TMA-able."""
     la, lb = _layouts(block_m, block_n)
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
@@ -346,14 +425,21 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
             raise ValueError(f"per-row weight scales must be stored K-block-major with 16-byte aligned rows "
                              f"(b_s.t() strides {st.stride()})")
         s_desc = TensorDescriptor(st, list(st.shape), [st.stride(0), 1], [1, block_n], _S_LAYOUT)
-    if block_m == 128:  # two warpgroups: the persistent warp-specialized kernel
+    if block_m in (128, 192):  # two or three warpgroups: the persistent warp-specialized kernel
+        num_wg = block_m // 64
+        a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [64, _BK], _layouts(64, block_n)[0])
+        tma_store = out.stride(1) == 1 and not tma_problem(out, "out") if tma_store is None else tma_store
+        c_desc = (TensorDescriptor(out, [m, n], [out.stride(0), 1], [64, block_n],
+                                   gl.NVMMASharedLayout.get_default_for([64, block_n], gl.bfloat16))
+                  if tma_store else a_desc)
         tiles_n = triton.cdiv(n, block_n)
         num_tiles = triton.cdiv(m, block_m) * tiles_n
         grid = (min(num_tiles, torch.cuda.get_device_properties(a.device).multi_processor_count),)
         _fp8_gemm_sm90_ws_kernel[grid](
-            a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k, num_tiles, tiles_n,
+            a_desc, b_desc, s_desc, c_desc, a_s, b_s, out, m, n, k, num_tiles, tiles_n,
             a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
-            STAGES=stages, num_warps=4, B_SCALE_PER_ROW=b_scale_per_row,
+            STAGES=stages, num_warps=4, B_SCALE_PER_ROW=b_scale_per_row, NUM_WG=num_wg,
+            PAIRS=WS_PAIRS[num_wg] if pairs is None else pairs, TMA_STORE=tma_store,
         )
         return
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
@@ -366,35 +452,51 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
 
 def compile_configs():
     """The Gluon tiles for the compile tier (descriptor types as the launcher builds them), with
-    128x128-block weight scales (`fp8_gemm`) and per-row ones (`fp4_gemm`'s fold engine)."""
+    128x128-block weight scales (`fp8_gemm`) and per-row ones (`fp4_gemm`'s fold engine); the
+    warp-specialized tiles with the TMA-store epilogue and the plain-store one."""
     from triton.runtime.jit import mangle_type
 
     from .compile_tier import KernelConfig
 
+    probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
+    scales = torch.empty(16, 16, dtype=torch.float32)
+
+    def desc(t, block, layout):
+        return mangle_type(TensorDescriptor(t, [16, 16], [16, 1], block, layout))
+
+    common = {"as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+              "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
+              "stride_cm": "i32", "STAGES": "constexpr", "num_warps": "constexpr", "B_SCALE_PER_ROW": "constexpr"}
+    unaligned = ("M", "N", "K", "stride_ask", "stride_bsk", "num_tiles", "tiles_n")
     cfgs = []
     for bm, bn, warps, stages in GLUON_TILES:
+        ws = bm in (128, 192)
+        la, lb = _layouts(64 if ws else bm, bn)
+        b_type = desc(probe, [bn, _BK], lb)
         for per_row in (False, True):
-            la, lb = _layouts(bm, bn)
-            probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
-            b_type = mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bn, _BK], lb))
-            scales = torch.empty(16, 16, dtype=torch.float32)
-            sig = {
-                "a_desc": mangle_type(TensorDescriptor(probe, [16, 16], [16, 1], [bm, _BK], la)),
-                "b_desc": b_type,
-                "s_desc": mangle_type(TensorDescriptor(scales, [16, 16], [16, 1], [1, bn], _S_LAYOUT)) if per_row
-                else b_type,
-                "as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-                "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
-                "stride_cm": "i32", "STAGES": "constexpr", "num_warps": "constexpr", "B_SCALE_PER_ROW": "constexpr",
-            }
-            ws = bm == 128  # two warpgroups: the warp-specialized persistent kernel
-            if ws:
-                sig = dict(sig, num_tiles="i32", tiles_n="i32")
-            consts = {"STAGES": stages, "num_warps": 4 if ws else warps, "B_SCALE_PER_ROW": per_row}
-            cfgs.append(KernelConfig(
-                f"fp8_gemm_sm90_gluon{'_ws' if ws else ''}[BM={bm},BN={bn},w={warps},stages={stages}"
-                f"{',b_scale=row' if per_row else ''}]", _fp8_gemm_sm90_ws_kernel if ws else _fp8_gemm_sm90_kernel,
-                sig, consts, num_warps=4 if ws else warps, num_stages=1, expect_sass=("QGMMA",),
-                expect_ptx=() if ws else ("wgmma.wait_group.sync.aligned 1",),
-                unaligned=("M", "N", "K", "stride_ask", "stride_bsk", "num_tiles", "tiles_n")))
+            s_type = desc(scales, [1, bn], _S_LAYOUT) if per_row else b_type
+            name = f"BM={bm},BN={bn},w={warps},stages={stages}{',b_scale=row' if per_row else ''}"
+            if not ws:
+                sig = {"a_desc": desc(probe, [bm, _BK], la), "b_desc": b_type, "s_desc": s_type, **common}
+                cfgs.append(KernelConfig(
+                    f"fp8_gemm_sm90_gluon[{name}]", _fp8_gemm_sm90_kernel, sig,
+                    {"STAGES": stages, "num_warps": warps, "B_SCALE_PER_ROW": per_row}, num_warps=warps,
+                    num_stages=1, expect_sass=("QGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 1",),
+                    unaligned=unaligned))
+                continue
+            num_wg = bm // 64
+            for tma_store in (True, False):
+                c_type = (desc(torch.empty(16, 16, dtype=torch.bfloat16), [64, bn],
+                               gl.NVMMASharedLayout.get_default_for([64, bn], gl.bfloat16)) if tma_store
+                          else desc(probe, [64, _BK], la))
+                sig = {"a_desc": desc(probe, [64, _BK], la), "b_desc": b_type, "s_desc": s_type, "c_desc": c_type,
+                       **common, "num_tiles": "i32", "tiles_n": "i32", "NUM_WG": "constexpr", "PAIRS": "constexpr",
+                       "TMA_STORE": "constexpr"}
+                pairs = WS_PAIRS[num_wg]
+                cfgs.append(KernelConfig(
+                    f"fp8_gemm_sm90_gluon_ws[{name}{',pairs' if pairs else ''}{',tma_store' if tma_store else ''}]",
+                    _fp8_gemm_sm90_ws_kernel, sig,
+                    {"STAGES": stages, "num_warps": 4, "B_SCALE_PER_ROW": per_row, "NUM_WG": num_wg, "PAIRS": pairs,
+                     "TMA_STORE": tma_store}, num_warps=4, num_stages=1, expect_sass=("QGMMA",),
+                    expect_ptx=("wgmma.wait_group.sync.aligned 1",) if pairs else (), unaligned=unaligned))
     return cfgs

@@ -1,0 +1,60 @@
+"""fp8_gemm_sm90 variants side by side in one process (CUDA graph replays, L2 flushed by a read
+between replays is not done here: the operands of one call, 33-45 MB, stay L2-resident either
+way): the 64x128 kernel, the warp-specialized kernel with two (128 rows; one product a block or
+PAIRS) or three (192 rows) consumer warpgroups, plain or TMA-store epilogue, and torch's
+per-tensor FP8 GEMM. Outputs compared with the 64x128 kernel's (same promotion order).
+Usage: python scripts/probes/fp8_ws.py"""
+import torch
+
+from lowbit.kernels.fp8_gemm_sm90 import fp8_gemm_sm90_launch
+
+
+def bench(fn, reps=50):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps // 10 + 5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) * 100)  # us per call (10 calls a replay)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+for m, n, k in ((4096, 2304, 5120), (4096, 5120, 2304), (8192, 8192, 8192)):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = (torch.randn(m, k, device="cuda", generator=gen) * 0.5).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda", generator=gen) * 0.5).to(torch.float8_e4m3fn)
+    a_s = torch.rand(m, (k + 127) // 128, device="cuda", generator=gen) + 0.5
+    b_s = torch.rand((n + 127) // 128, (k + 127) // 128, device="cuda", generator=gen) + 0.5
+    ref = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    fp8_gemm_sm90_launch(a, a_s, b, b_s, ref, m, n, k, 64, 128, 4, 4)  # the 64x128 kernel: same promotion order
+    ref = ref.float()
+    one = torch.ones((), device="cuda")
+    rows = {"torch per-tensor": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
+    variants = {"64x128": (64, 4, None, None), "ws128": (128, 8, False, False), "ws128 pairs": (128, 8, True, False),
+                "ws128 tma-store": (128, 8, False, True), "ws128 pairs tma-store": (128, 8, True, True),
+                "ws192": (192, 12, False, False), "ws192 tma-store": (192, 12, False, True)}
+    for name, (bm, w, pairs, store) in variants.items():
+        out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        rows[name] = (lambda out=out, bm=bm, w=w, pairs=pairs, store=store:
+                      fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m, n, k, bm, 128, w, 4, pairs=pairs,
+                                           tma_store=store))
+        rows[name]()
+        torch.cuda.synchronize()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        rows[name].err = err
+    flops = 2 * m * n * k
+    for name, fn in rows.items():
+        us = bench(fn)
+        print(f"M={m} N={n} K={k} {name:18s} {us:8.1f} us {flops / us / 1e6:7.1f} TFLOP/s"
+              f"{'' if name.startswith('torch') else f'  diff vs 64x128 {fn.err:.1e}'}")
