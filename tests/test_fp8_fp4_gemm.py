@@ -491,7 +491,7 @@ FOLD_CASES = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(128, 128, 8, 4), (64, 128, 4, 4)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("tile", GLUON_TILES, ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
 @pytest.mark.parametrize("shape", list(FOLD_CASES.values()), ids=list(FOLD_CASES))
 def test_fp4_gemm_fold_engine_matches_reference(shape, tile, gen):
     """The fold engine (fold + Gluon GEMM + fixup) against the reference, on random weights and
@@ -565,7 +565,7 @@ def test_fp4_gemm_fold_heuristics():
     c = fp4_gemm_config(4096, 2304, 5120, gluon=True)
     assert c.engine == "fold", c
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k, c.k_step) == \
-        (64, 128, 4, 4, False, 1, 128)
+        (192, 128, 12, 4, False, 1, 128)  # fp8_gemm's prefill tile for the shape
     assert "H200" in c.reason
     assert "engine=fold" in fp4_mod.explain_fp4_gemm_config(4096, 2304, 5120, gluon=True)
     direct = fp4_gemm_config(4096, 2304, 5120)  # gluon=False: the Triton kernel, as before
@@ -576,6 +576,22 @@ def test_fp4_gemm_fold_heuristics():
     assert fp4_gemm_config(4096, 2304, 5120, 32, gluon=True).engine == "triton"  # 1x32 act scales
 
 
+def test_prefill_gluon_tile_rule():
+    """`fp8_gemm.prefill_gluon_tile`: 64x128 while 128x128 tiles would not fill the SMs; else the
+    warp-specialized kernel whose rounds x rows are fewer (ties to 128 rows); always a tile of
+    GLUON_TILES, and fp8_gemm (gluon) and the fold engine agree."""
+    rule = fp8_mod.prefill_gluon_tile
+    assert rule(128, 2304, 132)[:4] == (64, 128, 4, 4)        # 18 tiles
+    assert rule(4096, 2304, 132)[:4] == (192, 128, 12, 4)     # 396 tiles: 3 rounds x 192 < 5 x 128
+    assert rule(4096, 5120, 132)[:4] == (128, 128, 8, 4)      # 10 x 128 < 7 x 192
+    assert rule(1024, 2304, 132)[:4] == (192, 128, 12, 4)     # 1 x 192 < 2 x 128
+    for m, n in ((129, 4096), (2048, 7168), (8192, 8192), (65536, 2048), (300, 17000)):
+        tile = rule(m, n, 132)[:4]
+        assert tile in GLUON_TILES
+        assert fp8_gemm_config(m, n, 1024, 132, gluon=True).block_m == tile[0]
+        assert fp4_gemm_config(m, n, 1024, gluon=True, sms=132).block_m == tile[0]
+
+
 def test_fp4_gemm_env_override_engine(monkeypatch):
     """LOWBIT_FP4_GEMM_ENGINE is part of the memo key: ``fold`` forces the fold engine where it
     can run (its own tile), ``triton`` the direct kernel with its own tile."""
@@ -584,7 +600,7 @@ def test_fp4_gemm_env_override_engine(monkeypatch):
     monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "fold")
     c = fp4_gemm_config(4096, 2304, 5120)
     assert c.engine == "fold" and "LOWBIT_FP4_GEMM_ENGINE=fold" in c.reason
-    assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (64, 128, 4, 4, False, 1)
+    assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (192, 128, 12, 4, False, 1)
     small = fp4_gemm_config(16, 2304, 5120)
     assert small.engine == "triton" and small.swap_ab and "no decode" in small.reason
     act32 = fp4_gemm_config(4096, 2304, 5120, 32)

@@ -106,6 +106,7 @@ from .fp8_gemm import (
     decode_tile,
     launch_block_scaled,
     num_sms,
+    prefill_gluon_tile,
     scales_fp32,
     split_k_for,
     store_block_scaled_tile,
@@ -350,9 +351,6 @@ def _mma_tile_problem(cfg: BlockScaledConfig, m: int) -> str | None:
     if not 2 <= cfg.num_stages <= 8 or cfg.split_k < 1:
         return f"num_stages must be 2-8 and split_k >= 1, got {cfg.num_stages}, {cfg.split_k}"
     return None
-#: The fold engine's Gluon GEMM tile (block_m, block_n, num_warps, stages): what `fp8_gemm`
-#: picks for prefill (`fp8_gemm_sm90.GLUON_TILES`; H200 M=4096: 1.02-1.07x the Triton tile).
-_FOLD_TILE = (64, 128, 4, 4)
 
 
 def _direct_config(m: int, n: int, k: int, act_block_size: int, sms: int) -> BlockScaledConfig:
@@ -380,10 +378,12 @@ def _direct_config(m: int, n: int, k: int, act_block_size: int, sms: int) -> Blo
     return replace(cfg, split_k=split, k_step=k_step, reason=f"{cfg.reason}; {kwhy}; {swhy}")
 
 
-def _fold_config(reason: str) -> BlockScaledConfig:
-    """The fold engine on `_FOLD_TILE`."""
-    bm, bn, warps, stages = _FOLD_TILE
-    return BlockScaledConfig(bm, bn, warps, stages, False, split_k=1, k_step=128, engine="fold", reason=reason)
+def _fold_config(m: int, n: int, sms: int, reason: str) -> BlockScaledConfig:
+    """The fold engine on the Gluon tile `fp8_gemm` picks for the same prefill shape
+    (`fp8_gemm.prefill_gluon_tile`)."""
+    bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
+    return BlockScaledConfig(bm, bn, warps, stages, False, split_k=1, k_step=128, engine="fold",
+                             reason=f"{reason}; {why}")
 
 
 def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
@@ -408,7 +408,6 @@ def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
 def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon: bool, mma: bool,
                    env: tuple) -> BlockScaledConfig:
     direct = _direct_config(m, n, k, act_block_size, sms)
-    bm, bn = _FOLD_TILE[:2]
     fold = gluon and act_block_size == 128 and m > 64
     use_mma = mma and act_block_size == 128 and m <= 64 and k % 128 == 0
     if fold:
@@ -419,9 +418,9 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon:
         #   M=128: 51.6 / 37.6 vs 94.8 / 42.0 (`scripts/sweeps/fp4_gemm_fold.json`, measured
         #     before the per-row scales moved into the TMA ring, which took M=4096 from 223 to 191)
         # Decode (M <= 64) stays direct: the fold's ~18 us alone is more than its GEMM.
-        cfg = _fold_config(f"M={m} on sm_90: fold engine (weight folded to FP8 once, Gluon {bm}x{bn} FP8 "
-                              f"GEMM with per-row scales, exact fixup of leftover groups; H200 M=4096 "
-                              f"3.7-4.0x the direct kernel, M=128 1.1-1.8x)")
+        cfg = _fold_config(m, n, sms, f"M={m} on sm_90: fold engine (weight folded to FP8 once, `fp8_gemm_sm90` "
+                                      f"with per-row scales, exact fixup of leftover groups; H200 M=4096 3.7-4.0x "
+                                      f"the direct kernel, M=128 1.1-1.8x)")
     elif use_mma:
         cfg = _mma_config(m, n, k, sms)
     else:
@@ -453,11 +452,12 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: 
         return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold needs act_block_size 128: triton")
     if m <= 64:
         return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold has no decode (swap-AB) tile: triton")
-    if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == _FOLD_TILE and not cfg.swap_ab \
+    from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+
+    if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in GLUON_TILES and not cfg.swap_ab \
             and cfg.split_k == 1 and cfg.k_step == 128:
         return cfg
-    bm, bn, warps, stages = _FOLD_TILE
-    return _fold_config(f"{cfg.reason}; fold tile {bm}x{bn}, {warps} warps, {stages} stages")
+    return _fold_config(m, n, sms, f"{cfg.reason}; fold runs a tile of fp8_gemm_sm90.GLUON_TILES")
 
 
 def fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,

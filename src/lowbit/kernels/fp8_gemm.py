@@ -212,6 +212,29 @@ def split_k_for(programs: int, k_steps: int, sms: int, m_pad: int, n: int, weigh
     return split, f"{programs} programs < {sms} SMs: split K {split} ways ({per} steps each)"
 
 
+def prefill_gluon_tile(m: int, n: int, sms: int) -> tuple[int, int, int, int, str]:
+    """(block_m, block_n, num_warps, stages, why) of `fp8_gemm_sm90` for a prefill GEMM (also the
+    fold engine of `fp4_gemm`). Where 128x128 tiles fill the SMs: the persistent warp-specialized
+    kernel with two (128 rows, PAIRS) or three (192 rows) consumer warpgroups, whichever needs
+    fewer rows of work: rounds of programs (``ceil(tiles / sms)``) x rows a tile, ties to 128
+    (a per-block speed of the two kernels measured equal at 8192^3). Otherwise the 64x128 kernel
+    (more programs). H200, eleventh session, same process (`scripts/probes/fp8_ws.py`), us, against
+    torch's per-tensor FP8 GEMM: M=4096 (N, K) = (2304, 5120): 192 rows 84.8, 128 rows 89.9, the
+    64x128 kernel 113.7, torch 69.4; (5120, 2304): 87.1 / 85.4 / 119.2, torch 74.2; 8192^3:
+    1161.8 / 1162.3 / 1421.0, torch 774.0. (M=128: the 64x128 kernel 1.07-1.47x the Triton
+    tile, eighth session.)"""
+    tiles128 = triton.cdiv(m, 128) * triton.cdiv(n, 128)
+    if tiles128 < sms:
+        return 64, 128, 4, 4, (f"{tiles128} 128x128 tiles < {sms} SMs: Gluon 64x128 (two K blocks an iteration, "
+                               f"one's promotion under the other's wgmma)")
+    work = {bm: triton.cdiv(triton.cdiv(m, bm) * triton.cdiv(n, 128), sms) * bm for bm in (128, 192)}
+    bm = 192 if work[192] < work[128] else 128
+    return bm, 128, bm // 16, 4, (
+        f"persistent warp-specialized Gluon kernel, {bm // 64} consumer warpgroups ({bm}x128 tiles: "
+        f"{work[bm] // bm} rounds of {sms} programs; 128 rows {work[128] // 128} rounds, 192 rows "
+        f"{work[192] // 192}); H200 M=4096 0.82-0.87x torch's per-tensor FP8 GEMM")
+
+
 @lru_cache(maxsize=4096)
 def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) -> BlockScaledConfig:
     if m <= 64:
@@ -237,20 +260,8 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
         # it wins at M=128 even on a 36-program grid. Between 129 and 4095 rows and below 128
         # the choice is extrapolated, not measured. (Third session, before the C7514 fix: Gluon
         # 64x128 1.02-1.07x Triton at M=4096, and lost at M=128: 25.7 vs 19.6 us.)
-        # Eleventh session (`scripts/sweeps/fp8_gemm_ws.json`, M=4096, same order): the persistent
-        # warp-specialized 128x128 kernel 111.2 / 120.4 us against 117.3 / 122.9 for the 64x128
-        # tile (1.05x / 1.02x); 6 stages 113.7 / 121.7. It runs one program an SM, so it is
-        # chosen only where its tiles fill the SMs.
-        tiles128 = triton.cdiv(m, 128) * triton.cdiv(n, 128)
-        if tiles128 >= sms:
-            cfg = BlockScaledConfig(128, 128, 8, 4, False, engine="gluon", reason=(
-                f"M={m} on sm_90: {tiles128} 128x128 tiles fill {sms} SMs: the persistent warp-specialized "
-                f"Gluon kernel (two consumer warpgroups, a TMA producer warp; H200 M=4096 1.02-1.05x the "
-                f"64x128 tile, 0.62-0.64x torch per-tensor)"))
-        else:
-            cfg = BlockScaledConfig(64, 128, 4, 4, False, engine="gluon", reason=(
-                f"M={m} on sm_90: {tiles128} 128x128 tiles < {sms} SMs: Gluon 64x128 (two K blocks an "
-                f"iteration, one's promotion under the other's wgmma; H200 M=128 1.07-1.47x the Triton tile)"))
+        bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
+        cfg = BlockScaledConfig(bm, bn, warps, stages, False, engine="gluon", reason=f"M={m} on sm_90: {why}")
     else:
         programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)

@@ -415,8 +415,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
     `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller). `pairs` and
     `tma_store` override the warp-specialized kernel's choices (probes: `scripts/probes/fp8_ws.py`):
     `WS_PAIRS` per consumer count, and a TMA-store epilogue wherever `out` is TMA-able."""
-    la, lb = _layouts(block_m, block_n)
-    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
+    la, lb = _layouts(min(block_m, 128), block_n)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
     s_desc = b_desc  # unused without per-row scales
     if b_scale_per_row:  # the scales K-block-major, [ceil(K/128), N], rows 16-byte aligned
@@ -442,6 +441,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
             PAIRS=WS_PAIRS[num_wg] if pairs is None else pairs, TMA_STORE=tma_store,
         )
         return
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _fp8_gemm_sm90_kernel[grid](
         a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k,
