@@ -512,6 +512,60 @@ def test_fp4_gemm_fold_engine_matches_reference(shape, tile, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(FOLD_CASES.values()), ids=list(FOLD_CASES))
+def test_fp4_gemm_folded_weight_on_gpu(shape, gen):
+    """A weight folded once (`fold_fp4_weight`) through the default dispatch: bit-identical to
+    the per-call fold engine (same GEMM), and to the reference within budget; a planted
+    left-out group sets needs_fixup and still comes out exact. Decode M runs the mma engine
+    on the original weight the object keeps."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    for b, b_s in (_fp4_weight(n, k, gen), _planted_weight(n, k, gen, rows=(n - 1,))):
+        ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+        ops = (a.cuda(), a_s.cuda())
+        w = fp4_mod.fold_fp4_weight(b.cuda(), b_s.cuda())
+        assert w.needs_fixup == bool(w.left.any())
+        out = _run(fp4_gemm, *ops, w, m=m, n=n, device="cuda")
+        _check(out, ref, f"folded {shape}")
+        per_call = fp4_gemm(*ops, b.cuda(), b_s.cuda())
+        assert_bitwise_equal(out.cpu(), per_call.cpu(), "folded vs per-call fold")
+    w = fp4_mod.fold_fp4_weight(*(t.cuda() for t in _planted_weight(n, k, gen, rows=(n - 1,))))
+    assert w.needs_fixup
+    a1, a1_s = _acts(16, k, gen)
+    ref = fp4_gemm_ref(a1, a1_s, w.b.cpu(), w.b_s.cpu(), 128)
+    _check(_run(fp4_gemm, a1.cuda(), a1_s.cuda(), w, m=16, n=n, device="cuda"), ref, f"folded decode {shape}")
+
+
+def test_fold_fp4_weight_contract(gen, device):
+    """fold_fp4_weight on every tier: its fold equals `_fold_weight`'s, needs_fixup is the
+    flags' any(), the object stands for (b, b_s) in fp4_gemm (same output bit for bit, where
+    the CPU tier runs the direct kernel on the original weight), and misuse raises."""
+    m, n, k = 24, 72, 320
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp4_weight(n, k, gen)
+    w = fp4_mod.fold_fp4_weight(b.to(device), b_s.to(device))
+    w8, w8_s, left = fp4_mod._fold_weight(b.to(device), b_s.to(device))
+    assert torch.equal(w.w8.view(torch.uint8).cpu(), w8.view(torch.uint8).cpu())
+    assert torch.equal(w.w8_s.cpu(), w8_s.cpu()) and torch.equal(w.left.cpu(), left.cpu())
+    assert w.needs_fixup == bool(left.any()) and w.shape == (n, k)
+    ops = (a.to(device), a_s.to(device))
+    assert_bitwise_equal(fp4_gemm(*ops, w).cpu(), fp4_gemm(*ops, b.to(device), b_s.to(device)).cpu(),
+                         "folded vs raw weight")
+    spread = _spread_problem(gen)
+    assert fp4_mod.fold_fp4_weight(spread[2].to(device), spread[3].to(device)).needs_fixup
+    with pytest.raises(ValueError, match="carries its scales"):
+        fp4_gemm(*ops, w, b_s.to(device))
+    with pytest.raises(TypeError, match="b_s is required"):
+        fp4_gemm(*ops, b.to(device))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp4_mod.fold_fp4_weight(b[:, :8].contiguous(), b_s[:, :1].contiguous())
+    with pytest.raises(ValueError, match=r"b_s must have shape"):
+        fp4_mod.fold_fp4_weight(b, b_s[:, :-1])
+
+
+@pytest.mark.gpu
 def test_fp4_gemm_fold_engine_exact_on_spread_scales(gen):
     """The spread weights (every row block flagged): the fixup makes the fold engine exact;
     each row type checked on its own, as for the direct kernel."""

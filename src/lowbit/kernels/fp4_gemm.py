@@ -65,6 +65,12 @@ engine on FP8 weights of the same shape). The fold engine splits the work in two
    real weights are not expected to set a flag) and overwrites them. No host readback
    anywhere (CUDA-graph capturable).
 
+Phase 1 depends on the weight only: `fold_fp4_weight` runs it once (at weight-load time, as
+Humming's ``transform()``) and returns a `FoldedFp4Weight` that `fp4_gemm` takes in place of
+``(b, b_s)``; the call is then the GEMM alone, plus the fixup only where the fold left a group
+out (read once, at preparation). Decode shapes and non-Hopper devices run their own engines
+on the original weight the object keeps.
+
 Heuristics (`fp4_gemm_config`): M <= 64: the swap-AB decode tile of `fp8_gemm` (64 weight
 rows on the wgmma M side, 8 warps at 64 activation rows); larger M: 128x64 tiles, 8 warps
 (128x128 spills with the upcast in registers); the split-K grid-fill rule on the weight's
@@ -85,7 +91,7 @@ The direct kernel's tiles come from the compile tier's register and shared-memor
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -114,7 +120,7 @@ from .fp8_gemm import (
 from .sm90 import is_sm90_native, require_sm90, tma_problem
 from .tuning import apply_env_overrides, env_key, override_names
 
-__all__ = ["fp4_gemm", "fp4_gemm_config", "explain_fp4_gemm_config", "ENV_OVERRIDES", "WEIGHT_GROUP"]
+__all__ = ["fp4_gemm", "fold_fp4_weight", "FoldedFp4Weight", "fp4_gemm_config", "explain_fp4_gemm_config", "ENV_OVERRIDES", "WEIGHT_GROUP"]
 
 #: K elements per E8M0 weight scale (MXFP4).
 WEIGHT_GROUP = 32
@@ -544,11 +550,50 @@ def _weight_scales(b_s, n: int, groups: int, who: str) -> torch.Tensor:
     return b_s
 
 
+@dataclass(frozen=True, eq=False)
+class FoldedFp4Weight:
+    """An MXFP4 weight with the fold engine's first phase done (`fold_fp4_weight`).
+
+    b: ``uint8 [N, K/2]`` and b_s: E8M0 ``uint8 [N, K/32]``, the weight as given (decode
+    engines, the direct kernel and the exact fixup read it); w8: ``float8_e4m3fn [N, K]``,
+    w8_s: ``fp32 [N, ceil(K/128)]`` (K-block-major), left: ``int32 [ceil(N/64)]``: the fold
+    (`_fold_weight`); needs_fixup: whether any flag of `left` is set."""
+
+    b: torch.Tensor
+    b_s: torch.Tensor
+    w8: torch.Tensor
+    w8_s: torch.Tensor
+    left: torch.Tensor
+    needs_fixup: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, K) of the weight."""
+        return self.b.shape[0], self.b.shape[1] * 2
+
+
+def fold_fp4_weight(b: torch.Tensor, b_s: torch.Tensor) -> FoldedFp4Weight:
+    """Prepare an MXFP4 weight for `fp4_gemm` once: b ``uint8`` / ``float4_e2m1fn_x2 [N, K/2]``
+    (K a multiple of 32), b_s E8M0 ``uint8`` / ``float8_e8m0fnu [N, K/32]`` (or FP32 powers of
+    two). Runs the fold (`_fp4_fold_kernel`; under the interpreter too) and reads its flags
+    back once (a host sync: call it at load time, not inside a captured graph). The result
+    stands for ``(b, b_s)`` in every `fp4_gemm` call and gives the same output."""
+    who = "fold_fp4_weight"
+    b = _weight_bytes(b, who)
+    n, k = b.shape[0], b.shape[1] * 2
+    if k % WEIGHT_GROUP:
+        raise ValueError(f"{who}: K={k} must be a multiple of {WEIGHT_GROUP} (MXFP4 groups)")
+    b_s = _weight_scales(b_s, n, k // WEIGHT_GROUP, who)
+    check_devices(who, b=b, b_s=b_s)
+    w8, w8_s, left = _fold_weight(b, b_s)
+    return FoldedFp4Weight(b, b_s, w8, w8_s, left, bool(left.any()))
+
+
 def fp4_gemm(
     a: torch.Tensor,
     a_s: torch.Tensor,
-    b: torch.Tensor,
-    b_s: torch.Tensor,
+    b: torch.Tensor | FoldedFp4Weight,
+    b_s: torch.Tensor | None = None,
     act_block_size: int = 128,
     *,
     out: torch.Tensor | None = None,
@@ -559,12 +604,20 @@ def fp4_gemm(
     a: ``float8_e4m3fn [M, K]`` (K contiguous, K a multiple of 32); a_s:
     ``[M, ceil(K/act_block_size)]`` FP32 (or E8M0 bytes, decoded by a torch op); b: ``uint8``
     or ``float4_e2m1fn_x2 [N, K/2]``; b_s: E8M0 ``uint8`` / ``float8_e8m0fnu [N, K/32]`` (FP32
-    powers of two are re-encoded on the host); act_block_size: 128 or 32. out: optional
+    powers of two are re-encoded on the host), or b a `FoldedFp4Weight` and b_s None (the fold
+    engine then skips its first phase); act_block_size: 128 or 32. out: optional
     ``bf16 [M, N]``; config: a `BlockScaledConfig` instead of the heuristic's (k_step 128 needs
     act_block_size 128; engine ``"fold"`` needs act_block_size 128, an sm_90 GPU and TMA-able
     a). Returns ``bf16 [M, N]``."""
     who = "fp4_gemm"
     check_fp8_operand(a, "a", who)
+    folded = None
+    if isinstance(b, FoldedFp4Weight):
+        if b_s is not None:
+            raise ValueError(f"{who}: a FoldedFp4Weight carries its scales: pass b_s=None")
+        folded, b, b_s = b, b.b, b.b_s
+    elif b_s is None:
+        raise TypeError(f"{who}: b_s is required unless b is a FoldedFp4Weight (fold_fp4_weight)")
     b = _weight_bytes(b, who)
     if act_block_size not in (32, 128):
         raise ValueError(f"{who}: act_block_size must be 32 or 128, got {act_block_size}")
@@ -596,7 +649,7 @@ def fp4_gemm(
                              f"act_block_size=128, got {act_block_size}")
         if config.k_step != 128:
             raise ValueError(f"{who}: engine='fold' has 128-K steps (k_step=128), got k_step={config.k_step}")
-        _launch_fold(a, a_s, b, b_s, out, config, who)
+        _launch_fold(a, a_s, b, b_s, out, config, who, folded)
         return out
     if config.k_step == 128 and act_block_size != 128:
         raise ValueError(f"{who}: k_step=128 folds the weight scales over a whole activation group and "
@@ -652,8 +705,10 @@ def _fold_fixup(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.
     )
 
 
-def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str) -> None:
-    """Fold, Gluon GEMM on the folded weight, fixup: three launches, no host sync."""
+def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str,
+                 folded: FoldedFp4Weight | None = None) -> None:
+    """Fold, Gluon GEMM on the folded weight, fixup: three launches, no host sync; with a
+    `FoldedFp4Weight` the GEMM, and the fixup only where it needs one."""
     require_sm90(a.device, f"{who} (engine='fold' runs a Gluon GEMM)")
     # Gluon imported only when asked for
     from .fp8_gemm_sm90 import fp8_gemm_sm90_launch
@@ -663,10 +718,15 @@ def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str) -> No
         raise ValueError(f"{who}: engine='fold' loads a through TMA: {why}")
     m, k = a.shape
     n = b.shape[0]
-    w8, w8_s, left = _fold_weight(b, b_s)
+    if folded is None:
+        w8, w8_s, left = _fold_weight(b, b_s)
+    else:
+        check_devices(who, a=a, w8=folded.w8)
+        w8, w8_s, left = folded.w8, folded.w8_s, folded.left
     fp8_gemm_sm90_launch(a, a_s, w8, w8_s, out, m, n, k, config.block_m, config.block_n, config.num_warps,
                          config.num_stages, b_scale_per_row=True)
-    _fold_fixup(a, a_s, b, b_s, left, out)
+    if folded is None or folded.needs_fixup:
+        _fold_fixup(a, a_s, b, b_s, left, out)
 
 
 # --------------------------------------------------------------------------- compile tier
