@@ -171,6 +171,7 @@ GLUON_CASES = {
     "M128_N128_K128": (128, 128, 128),     # one block: the prologue and the drain only
     "M1024_N2304_K5120": (1024, 2304, 5120),  # V4-Flash shape, 40 K blocks through the ring
     "M4100_N1000_K304": (4100, 1000, 304),  # 264 128x128 tiles: persistent programs take two or more
+    "M300_N300_K1040": (300, 300, 1040),    # out rows of 600 B: not TMA-able, the plain-store epilogue
 }
 
 
@@ -487,6 +488,7 @@ FOLD_CASES = {
     "M130_N200_K416": (130, 200, 416),    # two-row last M tile, N off the 128 tile, K 3.25 blocks
     "M300_N136_K288": (300, 136, 288),    # N one row past the tile, K 2.25 blocks
     "M4100_N72_K480": (4100, 72, 480),    # many M tiles, N below one tile, K 3.75 blocks
+    "M400_N100_K480": (400, 100, 480),    # out rows of 200 B: the plain-store epilogue
 }
 
 

@@ -80,6 +80,8 @@ _BK = 128
 #: producer warp: a consumer holds two [64, BN] FP32 tiles (running sum, block product).
 _WS_MMA_REGS = gl.constexpr(232)
 _WS_LOAD_REGS = gl.constexpr(40)
+#: Row tiles a group of the persistent tile order (`_ws_tile`).
+_WS_GROUP_M = gl.constexpr(8)
 #: ... with three consumer warpgroups (16 warps with the producer's, padded): 152 each.
 _WS3_MMA_REGS = gl.constexpr(160)
 
@@ -211,10 +213,17 @@ def _fp8_gemm_sm90_kernel(
 
 # --------------------------------------------------------------------------- warp-specialized
 @gluon.jit
-def _ws_tile(tile, tiles_n, BM: gl.constexpr, BN: gl.constexpr):
-    """(off_m, off_n) of persistent tile `tile`; N fastest, so the programs resident at once share
-    A row blocks and sweep all of B (both fit in the H200's L2 at the prefill shapes)."""
-    return (tile // tiles_n) * BM, (tile % tiles_n) * BN
+def _ws_tile(tile, num_tiles, tiles_n, BM: gl.constexpr, BN: gl.constexpr):
+    """(off_m, off_n) of persistent tile `tile`, in groups of `_WS_GROUP_M` row tiles swept M
+    fastest: the ~132 tiles resident at once cover 8 row tiles x ~17 column tiles, so their A
+    and B blocks stay in L2 even where the operands do not (8192^3: 64 MB each; in N-fastest
+    order each program row re-read all of B from DRAM)."""
+    tiles_m = num_tiles // tiles_n
+    per_group = _WS_GROUP_M * tiles_n
+    first_m = (tile // per_group) * _WS_GROUP_M
+    size_m = gl.minimum(tiles_m - first_m, _WS_GROUP_M)
+    r = tile % per_group
+    return (first_m + r % size_m) * BM, (r // size_m) * BN
 
 
 @gluon.jit
@@ -235,7 +244,7 @@ def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, em
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _ws_tile(tile, tiles_n, NUM_WG * ROWS, BN)
+        off_m, off_n = _ws_tile(tile, num_tiles, tiles_n, NUM_WG * ROWS, BN)
         for kb in range(2 * gl.cdiv(nk, 2) if PAIRS else nk):  # PAIRS: an odd K gets a zero-filled block
             st = it % STAGES
             mbarrier.wait(empty.index(st), ((it // STAGES) & 1) ^ 1)
@@ -288,7 +297,7 @@ def _ws_mma_partition(a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_p
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _ws_tile(tile, tiles_n, NUM_WG * 64, BN)
+        off_m, off_n = _ws_tile(tile, num_tiles, tiles_n, NUM_WG * 64, BN)
         rm = off_m + WG * 64 + gl.arange(0, 64, layout=rows)
         m_ok = rm < M
         as_rows = as_ptr + rm.to(gl.int64) * stride_asm
@@ -428,6 +437,8 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         num_wg = block_m // 64
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [64, _BK], _layouts(64, block_n)[0])
         tma_store = out.stride(1) == 1 and not tma_problem(out, "out") if tma_store is None else tma_store
+        if num_wg == 3 and b_scale_per_row and not tma_store:
+            num_wg, block_m = 2, 128  # three warpgroups with per-row scales spill without the TMA store
         c_desc = (TensorDescriptor(out, [m, n], [out.stride(0), 1], [64, block_n],
                                    gl.NVMMASharedLayout.get_default_for([64, block_n], gl.bfloat16))
                   if tma_store else a_desc)
@@ -486,6 +497,8 @@ def compile_configs():
                 continue
             num_wg = bm // 64
             for tma_store in (True, False):
+                if num_wg == 3 and per_row and not tma_store:
+                    continue  # the launcher runs two warpgroups there (three spill)
                 c_type = (desc(torch.empty(16, 16, dtype=torch.bfloat16), [64, bn],
                                gl.NVMMASharedLayout.get_default_for([64, bn], gl.bfloat16)) if tma_store
                           else desc(probe, [64, _BK], la))
