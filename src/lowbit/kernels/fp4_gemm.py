@@ -55,10 +55,10 @@ engine on FP8 weights of the same shape). The fold engine splits the work in two
    ~1.5 * N * K bytes (read N*K/2 + N*K/32, write N*K; 17.7 MB at N=2304 K=5120), measured
    18-19 us on the H200 (about a quarter of its bandwidth: room left), amortized over M rows;
    the GEMM then reads N*K bytes of weight instead of N*K/2.
-2. `fp8_gemm_sm90`'s Gluon kernel with per-row weight scales (``B_SCALE_PER_ROW``): per 128-K
-   block ``acc += (a @ w8^T) * a_s[m] * w8_s[n]``, the promotion overlapped with the next
-   block's wgmma; each block's [BN] scale vector rides the TMA ring. H200 M=4096: 174-179 us
-   against 145-153 for the 128x128-block-scaled `fp8_gemm` on the same shapes.
+2. `fp8_gemm_sm90`'s Gluon kernels with per-row weight scales (``B_SCALE_PER_ROW``): per 128-K
+   block ``acc += (a @ w8^T) * a_s[m] * w8_s[n]``; each block's [BN] scale vector rides the
+   TMA ring. H200 M=4096 (eleventh session): ~103 us against ~86 for the 128x128-block-scaled
+   `fp8_gemm` on the same shapes (the per-row promotion is two operations an element).
 3. Exactness: `_fp4_gemm_kernel` with ``FIXUP``, one program per 64 weight rows: it reads
    their flag and returns at once when it is 0, else recomputes those output columns exactly
    (the 128x64 prefill tile, k_step 128 with the leftover pass, M tile after M tile: slow, but
@@ -75,10 +75,11 @@ Heuristics (`fp4_gemm_config`): M <= 64: the swap-AB decode tile of `fp8_gemm` (
 rows on the wgmma M side, 8 warps at 64 activation rows); larger M: 128x64 tiles, 8 warps
 (128x128 spills with the upcast in registers); the split-K grid-fill rule on the weight's
 bytes; k_step from act_block_size. With ``gluon=True`` (the launcher passes `fold_capable`),
-act_block_size 128 and M > 64: the fold engine, 64x128, 4 warps, 4 stages (`fp8_gemm`'s
-prefill Gluon tile); H200 (sixth session, CUDA graph): M=4096 190.7 / 195.0 us against 754.6 /
-714.1 for the direct kernel (Humming's W4A8: 123.6 / 117.4), M=128 1.1-1.8x the direct
-kernel (`_config_cached` has the numbers). With ``mma=True`` (the launcher passes
+act_block_size 128 and M > 64: the fold engine on `fp8_gemm`'s prefill Gluon tile for the
+shape (`fp8_gemm.prefill_gluon_tile`); H200 (eleventh session, CUDA graph, beside Humming's
+W4A8): M=4096 (N, K) = (2304, 5120) / (5120, 2304) 120.1 / 122.5 us per call with the fold,
+102.8 / 104.4 on a weight folded once (`fold_fp4_weight`), Humming 122.3 / 116.9; M=128
+38.7 / 31.4, folded 21.4 / 13.7, Humming 19.0 / 18.6. With ``mma=True`` (the launcher passes
 `mma_capable`: an sm_90 GPU, K % 128 == 0, aligned rows), act_block_size 128 and M <= 64: the
 decode mma engine (`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3
 values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split

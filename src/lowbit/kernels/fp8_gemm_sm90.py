@@ -1,5 +1,5 @@
-"""Hopper (sm_90a) Gluon kernel of `fp8_gemm` for prefill tiles: the K-block promotion of block
-``2j`` overlapped with the tensor-core product of block ``2j + 1``.
+"""Hopper (sm_90a) Gluon kernels of `fp8_gemm` for prefill tiles (also `fp4_gemm`'s fold engine):
+the K-block promotion overlapped with tensor-core products.
 
 Why it exists. `fp8_gemm`'s Triton kernel computes, per 128-deep K block, ``blk = a @ b^T``
 (FP8 wgmma, FP32 result) and then ``acc += blk * (a_s * b_s)`` on the CUDA cores. Triton 3.6
@@ -18,17 +18,25 @@ and ptxas then serialized every wgmma (C7514, reported as an "info" line the com
 not read until 2026-11-30): the overlap never reached the SASS. Two blocks an iteration with
 nothing in flight at the back edge compile clean; every second promotion is exposed.
 
-Two kernels. `_fp8_gemm_sm90_ws_kernel` (the 128x128 tiles, the default where they fill the
-SMs) is persistent and warp-specialized: a producer warp streams every K block of the
-program's tiles through a TMA ring, and two consumer warpgroups, each in its own partition so
-no barrier couples them, take 64 rows each: one product a block, retired, the stage released,
-the promotion on the CUDA cores while the other warpgroup's product runs. H200 (eleventh
-session), M=4096: 111.2 / 120.4 us for (N, K) = (2304, 5120) / (5120, 2304), 1.05x / 1.02x the
-64x128 kernel below, still 0.62-0.64x torch's per-tensor FP8 GEMM (nvjet 128x160 tiles, a 2-CTA
-cluster). ncu at (5120, 2304): 0.29 instructions issued a cycle per scheduler, 44% of the stalls
-at the partitions' named barriers, 6.6 TB/s from L2 (cuBLAS: 6.9 TB/s at 1.6x the FLOP rate).
-256-wide tiles (two 128-column halves a warpgroup) were tried: with A from shared memory ptxas
-spilled (174 / 148 us), with A through registers (wgmma RS) 127 / 116 us; not kept.
+Two kernels. `_fp8_gemm_sm90_ws_kernel` (tiles of 128 or 192 rows x 128 columns, the default
+where 128x128 tiles fill the SMs: `fp8_gemm.prefill_gluon_tile`) is persistent and
+warp-specialized: a producer warp streams every K block of the program's tiles through a TMA
+ring (A as one 64-row box per consumer), and two or three consumer warpgroups, each in its own
+partition so no barrier couples them, take 64 rows each. With two, each warpgroup keeps two
+products in flight and promotes block 2j under block 2j+1's wgmma (PAIRS); with three, the
+other two warpgroups cover a promotion. Each finished tile goes out through shared memory and
+a TMA store that overlaps the next tile's K loop; tiles are visited in groups of 8 row tiles
+(M fastest), so what is resident stays in L2. H200, eleventh session (`scripts/probes/fp8_ws.py`,
+same process, us): M=4096 (N, K) = (2304, 5120): 64x128 114.4, 128 rows 88.4, 192 rows 86.8,
+torch per-tensor 69.0; (5120, 2304): 120.2 / 83.1 / 85.4, torch 73.2; 8192^3: 1343.7 / 1026.0
+/ 1028.1, torch 800.8. What each step bought (same probe, before the grouped order): the
+warp-specialized 128-row kernel alone 1.02-1.06x the 64x128 one; PAIRS 1.06-1.10x; the
+TMA-store epilogue 1.10-1.24x (the plain store from the wgmma layout, 4-byte stores, held
+each warpgroup ~10% of a tile); three warpgroups 1.06x at (2304, 5120), where 396 tiles are 3
+waves of 132 and 576 128-row tiles 4.4; the grouped order 1.13x at 8192^3 (64 MB operands).
+Tried and dropped: 256-wide tiles as two 128-column halves a warpgroup (A from shared memory:
+ptxas spilled, 174 / 148 us; A through registers, wgmma RS: 127 / 116 us, before the store
+change); 6 stages (no gain).
 
 `_fp8_gemm_sm90_kernel` (64x128, one partition, no warp specialization): a ``STAGES``-deep ring of TMA-loaded A and B
 tiles in shared memory, one mbarrier per stage; a block's stage is refilled with block
@@ -41,11 +49,10 @@ block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m]
 the flag off compiles to the same instructions as before it existed.
 
 Status: compiled for sm_90a by the compile tier (QGMMA in the SASS, ``wgmma.wait_group 1`` in
-the PTX, no C75xx serialization info); correct on the H200 (GPU tests) and the default for M > 64
-on sm_90 with TMA-able operands: H200, eighth session, M=4096 the 64x128 tile 0.60-0.61x
-``torch._scaled_mm``'s per-tensor FP8 GEMM (816 / 778 TFLOP/s; 0.50x before the pairs), M=128
-1.07-1.47x the Triton tile (`fp8_gemm._config_cached` has the numbers). Gluon does not run
-under the Triton interpreter: the Triton kernel stays the path on CPU.
+the PTX where products overlap, no C75xx serialization info); correct on the H200 (GPU tests,
+bit-identical outputs across the kernels: the same promotion order) and the default for M > 64
+on sm_90 with TMA-able operands. Gluon does not run under the Triton interpreter: the Triton
+kernel stays the path on CPU.
 """
 
 from __future__ import annotations
