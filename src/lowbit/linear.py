@@ -4,6 +4,8 @@
 
     weight FP4 (uint8 [N, K/2] packed E2M1, or torch.float4_e2m1fn_x2), scale E8M0 [N, K/32]:
         x_q, x_s = act_quant(x, act_block_size, scale_fmt);  y = fp4_gemm(x_q, x_s, weight, scale)
+    weight a FoldedFp4Weight (`lowbit.kernels.fp4_gemm.fold_fp4_weight`, done once at load
+    time), no scale: the same, with the fold engine's per-call fold skipped
     weight float8_e4m3fn [N, K], scale [ceil(N/128), ceil(K/128)] (FP32 or E8M0):
         x_q, x_s = act_quant(x, 128, scale_fmt);              y = fp8_gemm(x_q, x_s, weight, scale)
     any other weight dtype (bf16, fp16, fp32), no scale:
@@ -23,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .kernels.fp4_gemm import WEIGHT_GROUP, fp4_gemm
+from .kernels.fp4_gemm import WEIGHT_GROUP, FoldedFp4Weight, fp4_gemm
 from .kernels.fp8_gemm import SCALE_BLOCK, fp8_gemm
 
 try:
@@ -43,9 +45,9 @@ __all__ = ["linear", "weight_kind", "ACT_QUANT_BACKEND"]
 _FP4_DTYPES = (torch.uint8,) + ((torch.float4_e2m1fn_x2,) if hasattr(torch, "float4_e2m1fn_x2") else ())
 
 
-def weight_kind(weight: torch.Tensor) -> str:
+def weight_kind(weight: torch.Tensor | FoldedFp4Weight) -> str:
     """``"fp4"``, ``"fp8"`` or ``"torch"``: the path `linear` takes for this weight."""
-    if weight.dtype in _FP4_DTYPES:
+    if isinstance(weight, FoldedFp4Weight) or weight.dtype in _FP4_DTYPES:
         return "fp4"
     if weight.dtype == torch.float8_e4m3fn:
         return "fp8"
@@ -67,7 +69,7 @@ def _check_scale(scale, want: tuple[int, int], what: str, kind: str) -> None:
 
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | FoldedFp4Weight,
     scale: torch.Tensor | None = None,
     *,
     act_block_size: int = 128,
@@ -77,14 +79,17 @@ def linear(
 
     x: ``[..., K]`` bf16 (fp16/fp32 also accepted by the quantizer). weight: packed FP4
     ``[N, K/2]``, FP8 ``[N, K]`` or a float ``[N, K]``. scale: the weight's scales (required for
-    FP4 / FP8, must be None otherwise). act_block_size: the activation group of the FP4 path
+    FP4 / FP8, must be None otherwise and with a `FoldedFp4Weight`, which carries its own).
+    act_block_size: the activation group of the FP4 path
     (128 or 32; the FP8 path's is 128 by the fp8_gemm contract). scale_fmt: ``None`` or
     ``"ue8m0"`` (power-of-two activation scales). Returns ``[..., N]``."""
-    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError(f"linear: x and weight must be tensors, got {type(x).__name__}, {type(weight).__name__}")
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, (torch.Tensor, FoldedFp4Weight)):
+        raise TypeError(f"linear: x and weight must be tensors (or weight a FoldedFp4Weight), got "
+                        f"{type(x).__name__}, {type(weight).__name__}")
     if x.dim() < 1:
         raise ValueError("linear: x must have at least one dim [..., K]")
-    if weight.dim() != 2:
+    folded = isinstance(weight, FoldedFp4Weight)
+    if not folded and weight.dim() != 2:
         raise ValueError(f"linear: weight must be 2-D, got shape {tuple(weight.shape)}")
     kind = weight_kind(weight)
     k = x.shape[-1]
@@ -99,12 +104,18 @@ def linear(
         return F.linear(x, weight)
 
     if kind == "fp4":
-        if weight.shape[1] * 2 != k:
+        if folded and weight.shape[1] != k:
+            raise ValueError(f"linear: folded FP4 weight [N, K] = {weight.shape} and x {tuple(x.shape)} must share K")
+        if not folded and weight.shape[1] * 2 != k:
             raise ValueError(f"linear: packed FP4 weight {tuple(weight.shape)} must be [N, K/2] = [{n}, {k // 2}] "
                              f"for x {tuple(x.shape)}")
         if act_block_size not in (32, 128):
             raise ValueError(f"linear: act_block_size must be 32 or 128, got {act_block_size}")
-        _check_scale(scale, (n, k // WEIGHT_GROUP), "[N, K/32]: one E8M0 scale per 32 K", "FP4")
+        if folded:
+            if scale is not None:
+                raise ValueError("linear: a FoldedFp4Weight carries its scales: pass scale=None")
+        else:
+            _check_scale(scale, (n, k // WEIGHT_GROUP), "[N, K/32]: one E8M0 scale per 32 K", "FP4")
     else:
         if weight.shape[1] != k:
             raise ValueError(f"linear: FP8 weight {tuple(weight.shape)} and x {tuple(x.shape)} must share K")
