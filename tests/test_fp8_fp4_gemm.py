@@ -492,6 +492,15 @@ FOLD_CASES = {
 }
 
 
+def _fold_problems(shape, gen):
+    """(a, a_s, b, b_s, ref) for a fold-engine case: random weights, then one planted left-out
+    group in the last row (its 64 columns come from the fixup)."""
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    for b, b_s in (_fp4_weight(n, k, gen), _planted_weight(n, k, gen, rows=(n - 1,))):
+        yield a, a_s, b, b_s, fp4_gemm_ref(a, a_s, b, b_s, 128)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", GLUON_TILES, ids=lambda t: f"{t[0]}x{t[1]}s{t[3]}")
 @pytest.mark.parametrize("shape", list(FOLD_CASES.values()), ids=list(FOLD_CASES))
@@ -502,9 +511,7 @@ def test_fp4_gemm_fold_engine_matches_reference(shape, tile, gen):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
     m, n, k = shape
-    a, a_s = _acts(m, k, gen)
-    for b, b_s in (_fp4_weight(n, k, gen), _planted_weight(n, k, gen, rows=(n - 1,))):
-        ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    for a, a_s, b, b_s, ref in _fold_problems(shape, gen):
         ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
         out = _run(fp4_gemm, *ops, 128, m=m, n=n, device="cuda",
                    config=BlockScaledConfig(*tile, False, engine="fold"))
@@ -523,9 +530,7 @@ def test_fp4_gemm_folded_weight_on_gpu(shape, gen):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
     m, n, k = shape
-    a, a_s = _acts(m, k, gen)
-    for b, b_s in (_fp4_weight(n, k, gen), _planted_weight(n, k, gen, rows=(n - 1,))):
-        ref = fp4_gemm_ref(a, a_s, b, b_s, 128)
+    for a, a_s, b, b_s, ref in _fold_problems(shape, gen):
         ops = (a.cuda(), a_s.cuda())
         w = fp4_mod.fold_fp4_weight(b.cuda(), b_s.cuda())
         assert w.needs_fixup == bool(w.left.any())

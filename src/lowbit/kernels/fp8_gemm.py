@@ -218,11 +218,11 @@ def prefill_gluon_tile(m: int, n: int, sms: int) -> tuple[int, int, int, int, st
     kernel with two (128 rows, PAIRS) or three (192 rows) consumer warpgroups, whichever needs
     fewer rows of work: rounds of programs (``ceil(tiles / sms)``) x rows a tile, ties to 128
     (a per-block speed of the two kernels measured equal at 8192^3). Otherwise the 64x128 kernel
-    (more programs). H200, eleventh session, same process (`scripts/probes/fp8_ws.py`), us, against
-    torch's per-tensor FP8 GEMM: M=4096 (N, K) = (2304, 5120): 192 rows 84.8, 128 rows 89.9, the
-    64x128 kernel 113.7, torch 69.4; (5120, 2304): 87.1 / 85.4 / 119.2, torch 74.2; 8192^3:
-    1161.8 / 1162.3 / 1421.0, torch 774.0. (M=128: the 64x128 kernel 1.07-1.47x the Triton
-    tile, eighth session.)"""
+    (more programs). H200, eleventh session, same process (`scripts/probes/fp8_ws.py`, final
+    kernel), us, against torch's per-tensor FP8 GEMM: M=4096 (N, K) = (2304, 5120): 192 rows
+    86.8, 128 rows 88.4, the 64x128 kernel 114.4, torch 69.0; (5120, 2304): 85.4 / 83.1 / 120.2,
+    torch 73.2; 8192^3: 1028.1 / 1026.0 / 1343.7, torch 800.8. (M=128: the 64x128 kernel
+    1.07-1.47x the Triton tile, eighth session.)"""
     tiles128 = triton.cdiv(m, 128) * triton.cdiv(n, 128)
     if tiles128 < sms:
         return 64, 128, 4, 4, (f"{tiles128} 128x128 tiles < {sms} SMs: Gluon 64x128 (two K blocks an iteration, "
@@ -232,7 +232,7 @@ def prefill_gluon_tile(m: int, n: int, sms: int) -> tuple[int, int, int, int, st
     return bm, 128, bm // 16, 4, (
         f"persistent warp-specialized Gluon kernel, {bm // 64} consumer warpgroups ({bm}x128 tiles: "
         f"{work[bm] // bm} rounds of {sms} programs; 128 rows {work[128] // 128} rounds, 192 rows "
-        f"{work[192] // 192}); H200 M=4096 0.82-0.87x torch's per-tensor FP8 GEMM")
+        f"{work[192] // 192}); H200 M=4096 0.80-0.85x torch's per-tensor FP8 GEMM")
 
 
 @lru_cache(maxsize=4096)

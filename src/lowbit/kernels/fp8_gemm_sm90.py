@@ -75,21 +75,23 @@ from .sm90 import tma_problem
 __all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 
 #: (block_m, block_n, num_warps, stages) the Gluon kernels are built for. 64x128, one warpgroup:
-#: `_fp8_gemm_sm90_kernel` (two K blocks an iteration). 128x128, two warpgroups ("8 warps"):
-#: the persistent warp-specialized `_fp8_gemm_sm90_ws_kernel` (two consumer warpgroups of 64
-#: rows, 168 registers a thread, and a producer warp); 4 or 6 stages of 32 KB (A + B).
+#: `_fp8_gemm_sm90_kernel` (two K blocks an iteration). 128x128 ("8 warps") and 192x128 ("12
+#: warps"): the persistent warp-specialized `_fp8_gemm_sm90_ws_kernel`, two or three consumer
+#: warpgroups of 64 rows and a producer warp; 4 stages of 32 / 40 KB (A + B).
 GLUON_TILES = ((128, 128, 8, 4), (192, 128, 12, 4), (64, 128, 4, 4))
 #: PAIRS (two products in flight a warpgroup) per consumer warpgroup count: three warpgroups
-#: have 152 registers a thread, too few for three FP32 tiles.
+#: have 160 registers a thread (`_WS3_MMA_REGS`), too few for three [64, 128] FP32 tiles.
 WS_PAIRS = {2: True, 3: False}
 _BK = 128
-#: Registers (setmaxnreg) of the warp-specialized kernel's second consumer warpgroup and of its
-#: producer warp: a consumer holds two [64, BN] FP32 tiles (running sum, block product).
+#: Registers (setmaxnreg) of the warp-specialized kernel's worker consumer warpgroup and of its
+#: producer warp, two consumers: each holds three [64, BN] FP32 tiles with PAIRS (running sum,
+#: two block products).
 _WS_MMA_REGS = gl.constexpr(232)
 _WS_LOAD_REGS = gl.constexpr(40)
 #: Row tiles a group of the persistent tile order (`_ws_tile`).
 _WS_GROUP_M = gl.constexpr(8)
-#: ... with three consumer warpgroups (16 warps with the producer's, padded): 152 each.
+#: ... with three consumer warpgroups (16 warps with the producer's, padded): 160 each (the
+#: running sum and one block product; 65536 registers a CTA).
 _WS3_MMA_REGS = gl.constexpr(160)
 
 
@@ -443,7 +445,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
     if block_m in (128, 192):  # two or three warpgroups: the persistent warp-specialized kernel
         num_wg = block_m // 64
         a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [64, _BK], _layouts(64, block_n)[0])
-        tma_store = out.stride(1) == 1 and not tma_problem(out, "out") if tma_store is None else tma_store
+        tma_store = tma_problem(out, "out") is None if tma_store is None else tma_store
         if num_wg == 3 and b_scale_per_row and not tma_store:
             num_wg, block_m = 2, 128  # three warpgroups with per-row scales spill without the TMA store
         c_desc = (TensorDescriptor(out, [m, n], [out.stride(0), 1], [64, block_n],
