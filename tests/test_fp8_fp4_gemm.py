@@ -21,7 +21,7 @@ from lowbit.kernels import fp4_gemm as fp4_mod
 from lowbit.kernels import fp8_gemm as fp8_mod
 from lowbit.kernels.fp4_gemm import fp4_gemm, fp4_gemm_config
 from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config
-from lowbit.kernels.fp8_gemm_sm90 import GLUON_TILES
+from lowbit.kernels.fp8_gemm_sm90 import GLUON_TILES, fp8_gemm_sm90_launch, ws_group_m
 from lowbit.linear import ACT_QUANT_BACKEND, linear, weight_kind
 from lowbit.reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
 from lowbit.reference.gemm import fp4_fold_ref
@@ -192,6 +192,33 @@ def test_fp8_gemm_gluon_engine_matches_reference(shape, tile, gen):
     out = _run(fp8_gemm, *ops, m=m, n=n, device="cuda", config=cfg)
     _check(out, ref, f"gluon {shape}")
     assert_close(out.float().cpu(), fp8_gemm(*ops).float().cpu(), "bf16_out", "gluon vs triton engine")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m,warps", [(128, 8), (192, 12)])
+def test_fp8_gemm_ws_tile_orders_agree(block_m, warps, gen):
+    """The persistent kernel's grouped tile order (`ws_group_m`: only for operands beyond the L2,
+    so no small case reaches it by default) writes the same bits as the N-fastest order, groups
+    of 8 and of 3 (a partial last group: 33 or 22 row tiles)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the warp-specialized kernel is the sm_90 kernel")
+    m, n, k = 4100, 1000, 304
+    a, a_s = (t.cuda() for t in _acts(m, k, gen))
+    b, b_s = (t.cuda() for t in _fp8_weight(n, k, gen))
+    outs = {}
+    for g in (1, 8, 3):
+        outs[g] = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fp8_gemm_sm90_launch(a, a_s, b, b_s, outs[g], m, n, k, block_m, 128, warps, 4, group_m=g)
+    _check(outs[1].cpu(), fp8_gemm_ref(a.cpu(), a_s.cpu(), b.cpu(), b_s.cpu()), "ws order 1")
+    assert torch.equal(outs[1], outs[8]) and torch.equal(outs[1], outs[3])
+
+
+def test_ws_group_m_rule():
+    """Grouped order only for operands beyond the 60 MB L2 (8192^3: 128 MB); N-fastest at the
+    V4-Flash M=4096 shapes (33 and 21 MB), where it measured 1-4% faster."""
+    assert ws_group_m(8192 * 8192, 8192 * 8192) == 8
+    assert ws_group_m(4096 * 5120, 2304 * 5120) == 1
+    assert ws_group_m(4096 * 2304, 5120 * 2304) == 1
 
 
 def test_fp8_gemm_gluon_engine_contract(gen, monkeypatch):

@@ -41,13 +41,15 @@ for m, n, k in ((4096, 2304, 5120), (4096, 5120, 2304), (8192, 8192, 8192)):
     ref = ref.float()
     one = torch.ones((), device="cuda")
     rows = {"torch per-tensor": lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)}
-    variants = {"64x128": (64, 4, None, None), "ws128 pairs tma-store": (128, 8, True, True),
-                "ws192 tma-store": (192, 12, False, True)}
-    for name, (bm, w, pairs, store) in variants.items():
+    variants = {"64x128": (64, 4, None, None, None)}
+    for g in (1, 8):  # the persistent tile order: N-fastest (1) or groups of 8 row tiles
+        variants[f"ws128 group {g}"] = (128, 8, True, True, g)
+        variants[f"ws192 group {g}"] = (192, 12, False, True, g)
+    for name, (bm, w, pairs, store, g) in variants.items():
         out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-        rows[name] = (lambda out=out, bm=bm, w=w, pairs=pairs, store=store:
+        rows[name] = (lambda out=out, bm=bm, w=w, pairs=pairs, store=store, g=g:
                       fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m, n, k, bm, 128, w, 4, pairs=pairs,
-                                           tma_store=store))
+                                           tma_store=store, group_m=g))
         rows[name]()
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()

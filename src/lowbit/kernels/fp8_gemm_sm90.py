@@ -88,11 +88,20 @@ _BK = 128
 #: two block products).
 _WS_MMA_REGS = gl.constexpr(232)
 _WS_LOAD_REGS = gl.constexpr(40)
-#: Row tiles a group of the persistent tile order (`_ws_tile`).
-_WS_GROUP_M = gl.constexpr(8)
 #: ... with three consumer warpgroups (16 warps with the producer's, padded): 160 each (the
 #: running sum and one block product; 65536 registers a CTA).
 _WS3_MMA_REGS = gl.constexpr(160)
+
+
+def ws_group_m(a_bytes: int, b_bytes: int) -> int:
+    """Row tiles a group of the warp-specialized kernel's persistent tile order (`_ws_tile`).
+    Operands larger than the H200's 60 MB L2: groups of 8 row tiles swept M fastest, so the ~132
+    tiles resident at once cover 8 row tiles x ~17 column tiles and their blocks stay in L2.
+    Smaller: plain N-fastest order (1). H200, twelfth session, same process
+    (`scripts/probes/fp8_ws.py`), us, group 1 / group 8: 8192^3 (128 MB of operands) 192 rows
+    1109.3 / 1044.8, 128 rows 1162.9 / 1070.9; M=4096 (N, K) = (2304, 5120) (33 MB) 83.2 / 86.6
+    and 88.3 / 89.4; (5120, 2304) (21 MB) 86.8 / 87.7 and 86.0 / 85.7."""
+    return 8 if a_bytes + b_bytes > 60 * 2**20 else 1
 
 
 @gluon.jit
@@ -222,22 +231,20 @@ def _fp8_gemm_sm90_kernel(
 
 # --------------------------------------------------------------------------- warp-specialized
 @gluon.jit
-def _ws_tile(tile, num_tiles, tiles_n, BM: gl.constexpr, BN: gl.constexpr):
-    """(off_m, off_n) of persistent tile `tile`, in groups of `_WS_GROUP_M` row tiles swept M
-    fastest: the ~132 tiles resident at once cover 8 row tiles x ~17 column tiles, so their A
-    and B blocks stay in L2 even where the operands do not (8192^3: 64 MB each; in N-fastest
-    order each program row re-read all of B from DRAM)."""
+def _ws_tile(tile, num_tiles, tiles_n, group_m, BM: gl.constexpr, BN: gl.constexpr):
+    """(off_m, off_n) of persistent tile `tile`, in groups of `group_m` row tiles swept M fastest
+    (`ws_group_m`; 1 is plain N-fastest order)."""
     tiles_m = num_tiles // tiles_n
-    per_group = _WS_GROUP_M * tiles_n
-    first_m = (tile // per_group) * _WS_GROUP_M
-    size_m = gl.minimum(tiles_m - first_m, _WS_GROUP_M)
+    per_group = group_m * tiles_n
+    first_m = (tile // per_group) * group_m
+    size_m = gl.minimum(tiles_m - first_m, group_m)
     r = tile % per_group
     return (first_m + r % size_m) * BM, (r // size_m) * BN
 
 
 @gluon.jit
 def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles, tiles_n,
-                       NUM_WG: gl.constexpr, STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
+                       group_m, NUM_WG: gl.constexpr, STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
                        PAIRS: gl.constexpr):
     """Producer warp: every K block of every tile this program owns into the ring (A as NUM_WG
     boxes of 64 rows, one a consumer), a stage as soon as every consumer warpgroup released it
@@ -253,7 +260,7 @@ def _ws_load_partition(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, em
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _ws_tile(tile, num_tiles, tiles_n, NUM_WG * ROWS, BN)
+        off_m, off_n = _ws_tile(tile, num_tiles, tiles_n, group_m, NUM_WG * ROWS, BN)
         for kb in range(2 * gl.cdiv(nk, 2) if PAIRS else nk):  # PAIRS: an odd K gets a zero-filled block
             st = it % STAGES
             mbarrier.wait(empty.index(st), ((it // STAGES) & 1) ^ 1)
@@ -283,7 +290,7 @@ def _ws_promote(acc, blk, scale, s_bufs, st, empty, BN: gl.constexpr, cols: gl.c
 
 @gluon.jit
 def _ws_mma_partition(a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N, K,
-                      num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
+                      num_tiles, tiles_n, group_m, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
                       WG: gl.constexpr, NUM_WG: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                       STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, PAIRS: gl.constexpr,
                       TMA_STORE: gl.constexpr):
@@ -306,7 +313,7 @@ def _ws_mma_partition(a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_p
     nk = gl.cdiv(K, BK)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        off_m, off_n = _ws_tile(tile, num_tiles, tiles_n, NUM_WG * 64, BN)
+        off_m, off_n = _ws_tile(tile, num_tiles, tiles_n, group_m, NUM_WG * 64, BN)
         rm = off_m + WG * 64 + gl.arange(0, 64, layout=rows)
         m_ok = rm < M
         as_rows = as_ptr + rm.to(gl.int64) * stride_asm
@@ -362,7 +369,7 @@ def _ws_mma_partition(a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_p
 @gluon.jit
 def _fp8_gemm_sm90_ws_kernel(
     a_desc, b_desc, s_desc, c_desc, as_ptr, bs_ptr, c_ptr,
-    M, N, K, num_tiles, tiles_n,
+    M, N, K, num_tiles, tiles_n, group_m,
     stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
     STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, NUM_WG: gl.constexpr,
     PAIRS: gl.constexpr, TMA_STORE: gl.constexpr,
@@ -392,27 +399,27 @@ def _fp8_gemm_sm90_ws_kernel(
     if NUM_WG == 3:
         gl.warp_specialize([
             (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
-                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0,
+                                 K, num_tiles, tiles_n, group_m, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0,
                                  NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
             (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
-                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1,
+                                 K, num_tiles, tiles_n, group_m, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1,
                                  NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
             (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
-                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 2,
+                                 K, num_tiles, tiles_n, group_m, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 2,
                                  NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
             (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles,
-                                  tiles_n, NUM_WG, STAGES, B_SCALE_PER_ROW, PAIRS)),
+                                  tiles_n, group_m, NUM_WG, STAGES, B_SCALE_PER_ROW, PAIRS)),
         ], [4, 4, 1], [_WS3_MMA_REGS.value, _WS3_MMA_REGS.value, _WS_LOAD_REGS.value])
     else:
         gl.warp_specialize([
             (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
-                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0,
+                                 K, num_tiles, tiles_n, group_m, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 0,
                                  NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
             (_ws_mma_partition, (a_bufs, b_bufs, s_bufs, c_bufs, ready, empty, c_desc, as_ptr, bs_ptr, c_ptr, M, N,
-                                 K, num_tiles, tiles_n, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1,
+                                 K, num_tiles, tiles_n, group_m, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm, 1,
                                  NUM_WG, BN, BK, STAGES, B_SCALE_PER_ROW, PAIRS, TMA_STORE)),
             (_ws_load_partition, (a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, empty, K, num_tiles,
-                                  tiles_n, NUM_WG, STAGES, B_SCALE_PER_ROW, PAIRS)),
+                                  tiles_n, group_m, NUM_WG, STAGES, B_SCALE_PER_ROW, PAIRS)),
         ], [4, 1], [_WS_MMA_REGS.value, _WS_LOAD_REGS.value])
 
 
@@ -426,13 +433,14 @@ def _layouts(bm: int, bn: int):
 
 def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: int, block_n: int,
                          num_warps: int, stages: int, *, b_scale_per_row: bool = False, pairs: bool | None = None,
-                         tma_store: bool | None = None) -> None:
+                         tma_store: bool | None = None, group_m: int | None = None) -> None:
     """Launch the Gluon kernel: a ``fp8 [M, K]``, a_s ``fp32 [M, ceil(K/128)]``, b ``fp8 [N, K]``,
     b_s ``fp32 [ceil(N/128), ceil(K/128)]`` (128x128 blocks, `fp8_gemm`) or, with
     `b_scale_per_row`, ``fp32 [N, ceil(K/128)]`` (one scale per weight row and K block:
     `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller). `pairs` and
-    `tma_store` override the warp-specialized kernel's choices (probes: `scripts/probes/fp8_ws.py`):
-    `WS_PAIRS` per consumer count, and a TMA-store epilogue wherever `out` is TMA-able."""
+    `tma_store` and `group_m` override the warp-specialized kernel's choices (probes:
+    `scripts/probes/fp8_ws.py`): `WS_PAIRS` per consumer count, a TMA-store epilogue wherever `out`
+    is TMA-able, and `ws_group_m`'s tile order."""
     la, lb = _layouts(min(block_m, 128), block_n)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
     s_desc = b_desc  # unused without per-row scales
@@ -456,7 +464,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         grid = (min(num_tiles, torch.cuda.get_device_properties(a.device).multi_processor_count),)
         _fp8_gemm_sm90_ws_kernel[grid](
             a_desc, b_desc, s_desc, c_desc, a_s, b_s, out, m, n, k, num_tiles, tiles_n,
-            a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
+            ws_group_m(a.numel(), b.numel()) if group_m is None else group_m, a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
             STAGES=stages, num_warps=4, B_SCALE_PER_ROW=b_scale_per_row, NUM_WG=num_wg,
             PAIRS=WS_PAIRS[num_wg] if pairs is None else pairs, TMA_STORE=tma_store,
         )
@@ -487,7 +495,7 @@ def compile_configs():
     common = {"as_ptr": "*fp32", "bs_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
               "stride_asm": "i32", "stride_ask": "i32", "stride_bsn": "i32", "stride_bsk": "i32",
               "stride_cm": "i32", "STAGES": "constexpr", "num_warps": "constexpr", "B_SCALE_PER_ROW": "constexpr"}
-    unaligned = ("M", "N", "K", "stride_ask", "stride_bsk", "num_tiles", "tiles_n")
+    unaligned = ("M", "N", "K", "stride_ask", "stride_bsk", "num_tiles", "tiles_n", "group_m")
     cfgs = []
     for bm, bn, warps, stages in GLUON_TILES:
         ws = bm in (128, 192)
@@ -512,7 +520,7 @@ def compile_configs():
                                gl.NVMMASharedLayout.get_default_for([64, bn], gl.bfloat16)) if tma_store
                           else desc(probe, [64, _BK], la))
                 sig = {"a_desc": desc(probe, [64, _BK], la), "b_desc": b_type, "s_desc": s_type, "c_desc": c_type,
-                       **common, "num_tiles": "i32", "tiles_n": "i32", "NUM_WG": "constexpr", "PAIRS": "constexpr",
+                       **common, "num_tiles": "i32", "tiles_n": "i32", "group_m": "i32", "NUM_WG": "constexpr", "PAIRS": "constexpr",
                        "TMA_STORE": "constexpr"}
                 pairs = WS_PAIRS[num_wg]
                 cfgs.append(KernelConfig(
