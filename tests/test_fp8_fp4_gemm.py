@@ -20,7 +20,7 @@ from lowbit.formats.fp8 import e8m0_decode, e8m0_encode, quantize_fp8_blocks, qu
 from lowbit.kernels import fp4_gemm as fp4_mod
 from lowbit.kernels import fp8_gemm as fp8_mod
 from lowbit.kernels.fp4_gemm import fp4_gemm, fp4_gemm_config
-from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config
+from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config, gluon_split_k, split_blocks
 from lowbit.kernels.fp8_gemm_sm90 import GLUON_TILES, fp8_gemm_sm90_launch, ws_group_m
 from lowbit.linear import ACT_QUANT_BACKEND, linear, weight_kind
 from lowbit.reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
@@ -194,6 +194,37 @@ def test_fp8_gemm_gluon_engine_matches_reference(shape, tile, gen):
     assert_close(out.float().cpu(), fp8_gemm(*ops).float().cpu(), "bf16_out", "gluon vs triton engine")
 
 
+SPLIT_CASES = {
+    "M300_N320_K1040": (300, 320, 1040),  # 9 K blocks: splits of 4 / 2 blocks, the last odd (phantom)
+    "M16_N2304_K5120": (16, 2304, 5120),  # decode rows in a 64-row tile, V4-Flash K
+    "M64_N300_K2304": (64, 300, 2304),    # N tail, 18 K blocks
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 3, 7])
+@pytest.mark.parametrize("shape", list(SPLIT_CASES.values()), ids=list(SPLIT_CASES))
+def test_fp8_gemm_gluon_split_k_matches_reference(shape, split, gen):
+    """The 64x128 Gluon kernel split along K (FP32 shares, then the reduction): the reference's
+    budget, and close to the unsplit kernel; the fold engine on the same kernel with per-row
+    weight scales likewise (fp4 weights, a planted left-out group)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    m, n, k = shape
+    a, a_s = _acts(m, k, gen)
+    b, b_s = _fp8_weight(n, k, gen)
+    ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
+    cfg = BlockScaledConfig(64, 128, 4, 4, False, split_k=split, engine="gluon")
+    out = _run(fp8_gemm, *ops, m=m, n=n, device="cuda", config=cfg)
+    _check(out, fp8_gemm_ref(a, a_s, b, b_s), f"gluon split {split} {shape}")
+    whole = fp8_gemm(*ops, config=replace(cfg, split_k=1))
+    assert_close(out.float().cpu(), whole.float().cpu(), "bf16_out", "split vs unsplit")
+    for a, a_s, b, b_s, ref in _fold_problems(shape, gen):
+        ops = (a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda())
+        out = _run(fp4_gemm, *ops, 128, m=m, n=n, device="cuda", config=replace(cfg, engine="fold"))
+        _check(out, ref, f"fold split {split} {shape}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_m,warps", [(128, 8), (192, 12)])
 def test_fp8_gemm_ws_tile_orders_agree(block_m, warps, gen):
@@ -211,6 +242,20 @@ def test_fp8_gemm_ws_tile_orders_agree(block_m, warps, gen):
         fp8_gemm_sm90_launch(a, a_s, b, b_s, outs[g], m, n, k, block_m, 128, warps, 4, group_m=g)
     _check(outs[1].cpu(), fp8_gemm_ref(a.cpu(), a_s.cpu(), b.cpu(), b_s.cpu()), "ws order 1")
     assert torch.equal(outs[1], outs[8]) and torch.equal(outs[1], outs[3])
+
+
+def test_gluon_split_k_rule():
+    """The 64x128 kernel splits K only while its tiles leave SMs idle, to about two programs an
+    SM, with an even number of K blocks a split (pairs), at least 4, and no empty split."""
+    assert gluon_split_k(4096, 2304, 40, 132)[0] == 1
+    assert gluon_split_k(128, 2304, 40, 132)[0] == 7  # 36 tiles: 6 blocks a split
+    assert gluon_split_k(128, 5120, 18, 132)[0] == 3  # 80 tiles, 18 blocks: 6 a split
+    assert gluon_split_k(64, 2304, 40, 132)[0] == 10
+    assert gluon_split_k(128, 2304, 3, 132)[0] == 1  # too little K to split
+    for nk in range(1, 60):
+        for want in range(1, 20):
+            per, split = split_blocks(nk, want)
+            assert per % 2 == 0 and (split - 1) * per < nk <= split * per and split <= max(1, want)
 
 
 def test_ws_group_m_rule():
@@ -240,10 +285,14 @@ def test_fp8_gemm_gluon_engine_contract(gen, monkeypatch):
     c = fp8_gemm_config(4096, 2304, 5120)
     assert c.engine == "gluon" and "LOWBIT_FP8_GEMM_ENGINE=gluon" in c.reason
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (128, 128, 8, 4, False, 1)
-    mid = fp8_gemm_config(128, 2304, 5120)  # the heuristic's split-K 64x128 tile -> the gluon 64x128
-    assert mid.engine == "gluon" and (mid.block_m, mid.split_k, mid.swap_ab) == (64, 1, False)
-    small = fp8_gemm_config(16, 2304, 5120)  # decode: no gluon tile, stays on the Triton kernel
-    assert small.engine == "triton" and small.swap_ab and "no decode" in small.reason
+    mid = fp8_gemm_config(128, 2304, 5120)  # the Triton 64x128 tile -> the gluon 64x128, its split kept
+    assert mid.engine == "gluon" and (mid.block_m, mid.swap_ab) == (64, False) and mid.split_k >= 1
+    small = fp8_gemm_config(16, 2304, 5120)  # decode: the 64x128 kernel (TMA zero-fills the rows)
+    assert small.engine == "gluon" and (small.block_m, small.swap_ab) == (64, False)
+    g = fp8_gemm_config(16, 2304, 5120, sms=132, gluon=True)  # on a GPU: the heuristic's gluon split
+    assert g.engine == "gluon" and (g.block_m, g.split_k) == (64, 10), g
+    monkeypatch.setenv("LOWBIT_FP8_GEMM_SPLIT_K", "4")
+    assert fp8_gemm_config(16, 2304, 5120, sms=132, gluon=True).split_k == 4
     monkeypatch.delenv("LOWBIT_FP8_GEMM_ENGINE")
     assert fp8_gemm_config(4096, 2304, 5120).engine == "triton"
 
@@ -689,8 +738,8 @@ def test_fp4_gemm_env_override_engine(monkeypatch):
     c = fp4_gemm_config(4096, 2304, 5120)
     assert c.engine == "fold" and "LOWBIT_FP4_GEMM_ENGINE=fold" in c.reason
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (192, 128, 12, 4, False, 1)
-    small = fp4_gemm_config(16, 2304, 5120)
-    assert small.engine == "triton" and small.swap_ab and "no decode" in small.reason
+    small = fp4_gemm_config(16, 2304, 5120)  # decode: the 64x128 Gluon tile, K split
+    assert small.engine == "fold" and (small.block_m, small.swap_ab, small.split_k) == (64, False, 10), small
     act32 = fp4_gemm_config(4096, 2304, 5120, 32)
     assert act32.engine == "triton" and act32.k_step == 32 and "act_block_size 128" in act32.reason
     monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "triton")

@@ -92,6 +92,7 @@ The direct kernel's tiles come from the compile tier's register and shared-memor
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -111,6 +112,7 @@ from .fp8_gemm import (
     check_fp8_operand,
     check_out,
     decode_tile,
+    gluon_split_k,
     launch_block_scaled,
     num_sms,
     prefill_gluon_tile,
@@ -385,12 +387,13 @@ def _direct_config(m: int, n: int, k: int, act_block_size: int, sms: int) -> Blo
     return replace(cfg, split_k=split, k_step=k_step, reason=f"{cfg.reason}; {kwhy}; {swhy}")
 
 
-def _fold_config(m: int, n: int, sms: int, reason: str) -> BlockScaledConfig:
-    """The fold engine on the Gluon tile `fp8_gemm` picks for the same prefill shape
-    (`fp8_gemm.prefill_gluon_tile`)."""
+def _fold_config(m: int, n: int, k: int, sms: int, reason: str) -> BlockScaledConfig:
+    """The fold engine on the Gluon tile and K split `fp8_gemm` picks for the same shape
+    (`fp8_gemm.prefill_gluon_tile`, `fp8_gemm.gluon_split_k`)."""
     bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
-    return BlockScaledConfig(bm, bn, warps, stages, False, split_k=1, k_step=128, engine="fold",
-                             reason=f"{reason}; {why}")
+    split, swhy = gluon_split_k(m, n, triton.cdiv(k, 128), sms) if bm == 64 else (1, "")
+    return BlockScaledConfig(bm, bn, warps, stages, False, split_k=split, k_step=128, engine="fold",
+                             reason=f"{reason}; {why}{swhy}")
 
 
 def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
@@ -425,7 +428,7 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon:
         #   M=128: 51.6 / 37.6 vs 94.8 / 42.0 (`scripts/sweeps/fp4_gemm_fold.json`, measured
         #     before the per-row scales moved into the TMA ring, which took M=4096 from 223 to 191)
         # Decode (M <= 64) stays direct: the fold's ~18 us alone is more than its GEMM.
-        cfg = _fold_config(m, n, sms, f"M={m} on sm_90: fold engine (weight folded to FP8 once, `fp8_gemm_sm90` "
+        cfg = _fold_config(m, n, k, sms, f"M={m} on sm_90: fold engine (weight folded to FP8 once, `fp8_gemm_sm90` "
                                       f"with per-row scales, exact fixup of leftover groups; H200 M=4096 3.7-4.0x "
                                       f"the direct kernel, M=128 1.1-1.8x)")
     elif use_mma:
@@ -457,14 +460,15 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: 
         return cfg
     if act_block_size != 128:
         return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold needs act_block_size 128: triton")
-    if m <= 64:
-        return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold has no decode (swap-AB) tile: triton")
     from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
 
     if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in GLUON_TILES and not cfg.swap_ab \
-            and cfg.split_k == 1 and cfg.k_step == 128:
+            and (cfg.split_k == 1 or cfg.block_m == 64) and cfg.k_step == 128:
         return cfg
-    return _fold_config(m, n, sms, f"{cfg.reason}; fold runs a tile of fp8_gemm_sm90.GLUON_TILES")
+    base = _fold_config(m, n, k, sms, f"{cfg.reason}; fold runs a tile of fp8_gemm_sm90.GLUON_TILES")
+    if os.environ.get("LOWBIT_FP4_GEMM_SPLIT_K") and base.block_m == 64:
+        base = replace(base, split_k=cfg.split_k)  # an asked-for split survives onto the 64x128 tile
+    return base
 
 
 def fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
@@ -725,7 +729,7 @@ def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str,
         check_devices(who, a=a, w8=folded.w8)
         w8, w8_s, left = folded.w8, folded.w8_s, folded.left
     fp8_gemm_sm90_launch(a, a_s, w8, w8_s, out, m, n, k, config.block_m, config.block_n, config.num_warps,
-                         config.num_stages, b_scale_per_row=True)
+                         config.num_stages, b_scale_per_row=True, split_k=config.split_k)
     if folded is None or folded.needs_fixup:
         _fold_fixup(a, a_s, b, b_s, left, out)
 

@@ -45,6 +45,8 @@ the split-K rule and the split-K reduction.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -212,6 +214,29 @@ def split_k_for(programs: int, k_steps: int, sms: int, m_pad: int, n: int, weigh
     return split, f"{programs} programs < {sms} SMs: split K {split} ways ({per} steps each)"
 
 
+def split_blocks(k_blocks: int, split_k: int) -> tuple[int, int]:
+    """(blocks a split, splits) of `fp8_gemm_sm90`'s 64x128 kernel for `k_blocks` 128-K blocks
+    and `split_k` asked: an even count a split (the kernel multiplies blocks in pairs, so only
+    the last split may end on the zero-filled phantom block), the splits equalized."""
+    per = triton.cdiv(k_blocks, max(1, min(split_k, k_blocks)))
+    per += per % 2
+    return per, triton.cdiv(k_blocks, per)
+
+
+def gluon_split_k(m: int, n: int, k_blocks: int, sms: int) -> tuple[int, str]:
+    """Split-K of `fp8_gemm_sm90`'s 64x128 kernel (also the fold engine's GEMM) where its tiles
+    leave SMs idle: about two programs an SM (98 KB of ring each, so two fit), at least 4 K
+    blocks a split; `split_blocks` then rounds the blocks a split up to even
+    (pairs) and equalizes. Returns (split, why)."""
+    tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
+    if tiles >= sms:
+        return 1, ""
+    per, split = split_blocks(k_blocks, min(triton.cdiv(2 * sms, tiles), max(1, k_blocks // 4)))
+    if split == 1:
+        return 1, f"; {tiles} tiles, K of {k_blocks} blocks: no split"
+    return split, f"; {tiles} tiles < {sms} SMs: split K {split} ways ({per} blocks each, ~2 programs an SM)"
+
+
 def prefill_gluon_tile(m: int, n: int, sms: int) -> tuple[int, int, int, int, str]:
     """(block_m, block_n, num_warps, stages, why) of `fp8_gemm_sm90` for a prefill GEMM (also the
     fold engine of `fp4_gemm`). Where 128x128 tiles fill the SMs: the persistent warp-specialized
@@ -251,6 +276,12 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
             f"prefill M={m}: 128x128 tiles, two warpgroups of 64 rows; the two FP32 accumulators "
             f"(running sum + block product) take 128 registers a thread, so 128x256 would spill"))
     kb = triton.cdiv(k, SCALE_BLOCK)
+    gcfg = None
+    if gluon:
+        bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
+        split, swhy = gluon_split_k(m, n, kb, sms) if bm == 64 else (1, "")
+        gcfg = BlockScaledConfig(bm, bn, warps, stages, False, split_k=split, engine="gluon",
+                                 reason=f"M={m} on sm_90: {why}{swhy}")
     if gluon and m > 64:
         # H200, eighth session (`scripts/sweeps/fp8_gemm_gluon.json`, after the Gluon kernel
         # stopped serializing its wgmmas), CUDA graph, us, (N, K) = (2304, 5120) / (5120, 2304):
@@ -260,31 +291,35 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
         # it wins at M=128 even on a 36-program grid. Between 129 and 4095 rows and below 128
         # the choice is extrapolated, not measured. (Third session, before the C7514 fix: Gluon
         # 64x128 1.02-1.07x Triton at M=4096, and lost at M=128: 25.7 vs 19.6 us.)
-        bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
-        cfg = BlockScaledConfig(bm, bn, warps, stages, False, engine="gluon", reason=f"M={m} on sm_90: {why}")
+        cfg = gcfg
     else:
         programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
         cfg = replace(cfg, split_k=split, reason=cfg.reason + "; " + why)
-    return _fit_engine(apply_env_overrides(cfg, "FP8_GEMM", _FIELDS), m)
+    return _fit_engine(apply_env_overrides(cfg, "FP8_GEMM", _FIELDS), m, gcfg)
 
 
-def _fit_engine(cfg: BlockScaledConfig, m: int) -> BlockScaledConfig:
+def _fit_engine(cfg: BlockScaledConfig, m: int, gluon_cfg: BlockScaledConfig | None = None) -> BlockScaledConfig:
     """``LOWBIT_FP8_GEMM_ENGINE=gluon`` works as a global switch: a shape whose tile the Gluon
-    kernel does not have gets its nearest Gluon tile (M > 64), or stays on the Triton kernel
-    (decode M <= 64: the Gluon kernel has no swap-AB tile), with the reason said."""
+    kernel does not have gets the Gluon configuration the heuristic has for it (`gluon_cfg`,
+    decode shapes included: the 64x128 tile with its K split; an asked-for split is kept), or
+    without one its nearest Gluon tile, with the reason said."""
     if cfg.engine != "gluon":
         return cfg
     from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
 
     if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in GLUON_TILES and not cfg.swap_ab \
-            and cfg.split_k == 1:
+            and (cfg.split_k == 1 or cfg.block_m == 64):
         return cfg
-    if m <= 64:
-        return replace(cfg, engine="triton", reason=f"{cfg.reason}; gluon has no decode (swap-AB) tile: triton")
+    if gluon_cfg is not None:
+        split = gluon_cfg.split_k
+        if os.environ.get("LOWBIT_FP8_GEMM_SPLIT_K") and gluon_cfg.block_m == 64:
+            split = cfg.split_k
+        return replace(gluon_cfg, split_k=split, reason=f"{cfg.reason}; gluon: {gluon_cfg.reason}, split_k {split}")
     bm, bn, warps, stages = next(t for t in GLUON_TILES if t[0] == (128 if m > 128 else 64))
-    return replace(cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, swap_ab=False, split_k=1,
-                   reason=f"{cfg.reason}; gluon tile {bm}x{bn}, {warps} warps, {stages} stages")
+    split = cfg.split_k if bm == 64 else 1  # an asked-for split survives onto the 64x128 tile
+    return replace(cfg, block_m=bm, block_n=bn, num_warps=warps, num_stages=stages, swap_ab=False, split_k=split,
+                   reason=f"{cfg.reason}; gluon tile {bm}x{bn}, {warps} warps, {stages} stages, split_k {split}")
 
 
 def fp8_gemm_config(m: int, n: int, k: int, sms: int = H200_NUM_SMS, gluon: bool = False) -> BlockScaledConfig:
@@ -316,10 +351,10 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
         from .fp8_gemm_sm90 import GLUON_TILES
 
         tile = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
-        if cfg.swap_ab or cfg.split_k != 1 or tile not in GLUON_TILES:
+        if cfg.swap_ab or (cfg.split_k != 1 and cfg.block_m != 64) or tile not in GLUON_TILES:
             raise ValueError(f"{who}: the {cfg.engine} engine runs the prefill tiles (block_m, block_n, num_warps, "
-                             f"num_stages) in {GLUON_TILES} without swap_ab or split_k; got {tile}, "
-                             f"swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
+                             f"num_stages) in {GLUON_TILES} without swap_ab, and split_k only on the 64-row tile; "
+                             f"got {tile}, swap_ab={cfg.swap_ab}, split_k={cfg.split_k}")
     if cfg.engine in ("gluon", "fold"):
         pass  # a tile of GLUON_TILES (checked above), 192 rows included
     elif cfg.block_m < 16 or cfg.block_m & (cfg.block_m - 1):
@@ -431,7 +466,7 @@ def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: 
     if why:
         raise ValueError(f"{who}: engine='gluon' loads through TMA: {why}")
     fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m, n, k, config.block_m, config.block_n,
-                         config.num_warps, config.num_stages)
+                         config.num_warps, config.num_stages, split_k=config.split_k)
 
 
 def launch_block_scaled(kernel, operands, out, m, n, k_steps, config, strides, constexprs, k) -> None:

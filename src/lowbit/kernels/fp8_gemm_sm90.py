@@ -132,31 +132,35 @@ def _promote(acc, blk, scale, s_bufs, st, live, BN: gl.constexpr, cols: gl.const
 
 
 @gluon.jit
-def _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, blk, nblk, off_m, off_n, tile_bytes: gl.constexpr,
-            STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
-    """TMA of block `blk` (if < nblk) into its stage blk % STAGES."""
+def _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, blk, nblk, lo, off_m, off_n,
+            tile_bytes: gl.constexpr, STAGES: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr):
+    """TMA of the split's block `blk` (K block lo + blk; if blk < nblk) into stage blk % STAGES."""
     st = blk % STAGES
     live = blk < nblk
     BK: gl.constexpr = a_desc.block_type.shape[1]
     mbarrier.expect(ready.index(st), tile_bytes, pred=live)
-    tma.async_copy_global_to_shared(a_desc, [off_m, blk * BK], ready.index(st), a_bufs.index(st), pred=live)
-    tma.async_copy_global_to_shared(b_desc, [off_n, blk * BK], ready.index(st), b_bufs.index(st), pred=live)
+    tma.async_copy_global_to_shared(a_desc, [off_m, (lo + blk) * BK], ready.index(st), a_bufs.index(st), pred=live)
+    tma.async_copy_global_to_shared(b_desc, [off_n, (lo + blk) * BK], ready.index(st), b_bufs.index(st), pred=live)
     if B_SCALE_PER_ROW:
-        tma.async_copy_global_to_shared(s_desc, [blk, off_n], ready.index(st), s_bufs.index(st), pred=live)
+        tma.async_copy_global_to_shared(s_desc, [lo + blk, off_n], ready.index(st), s_bufs.index(st), pred=live)
 
 
 @gluon.jit
 def _fp8_gemm_sm90_kernel(
     a_desc, b_desc, s_desc, as_ptr, bs_ptr, c_ptr,
-    M, N, K,
-    stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cm,
-    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr,
+    M, N, K, blocks_per_split,
+    stride_asm, stride_ask, stride_bsn, stride_bsk, stride_cs, stride_cm,
+    STAGES: gl.constexpr, num_warps: gl.constexpr, B_SCALE_PER_ROW: gl.constexpr, SPLIT_OUT: gl.constexpr,
 ):
+    """Program (row tile, column tile, K split): K blocks ``lo .. hi`` of the tile, ``lo =
+    pid_k * blocks_per_split`` (even, so only the last split can end on the zero-filled phantom
+    block). c bf16 ``[M, N]``, or with SPLIT_OUT FP32 shares ``[splits, M, N]``."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
+    pid_k = gl.program_id(2)
     off_m = pid_m * BM
     off_n = pid_n * BN
 
@@ -182,14 +186,16 @@ def _fp8_gemm_sm90_kernel(
         s_bufs = a_bufs  # unused
         tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
 
-    nk = gl.cdiv(K, BK)
-    for i in gl.static_range(STAGES):  # prologue: blocks 0 .. STAGES-1 in flight
-        live = i < 2 * gl.cdiv(nk, 2)
+    lo = pid_k * blocks_per_split
+    hi = gl.minimum(lo + blocks_per_split, gl.cdiv(K, BK))
+    nk2 = 2 * gl.cdiv(hi - lo, 2)  # an odd count (last split only) ends with a zero-filled block (scale 0)
+    for i in gl.static_range(STAGES):  # prologue: the split's blocks 0 .. STAGES-1 in flight
+        live = i < nk2
         mbarrier.expect(ready.index(i), tile_bytes, pred=live)
-        tma.async_copy_global_to_shared(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i), pred=live)
-        tma.async_copy_global_to_shared(b_desc, [off_n, i * BK], ready.index(i), b_bufs.index(i), pred=live)
+        tma.async_copy_global_to_shared(a_desc, [off_m, (lo + i) * BK], ready.index(i), a_bufs.index(i), pred=live)
+        tma.async_copy_global_to_shared(b_desc, [off_n, (lo + i) * BK], ready.index(i), b_bufs.index(i), pred=live)
         if B_SCALE_PER_ROW:
-            tma.async_copy_global_to_shared(s_desc, [i, off_n], ready.index(i), s_bufs.index(i), pred=live)
+            tma.async_copy_global_to_shared(s_desc, [lo + i, off_n], ready.index(i), s_bufs.index(i), pred=live)
 
     rm = off_m + gl.arange(0, BM, layout=rows)
     m_ok = rm < M
@@ -199,11 +205,10 @@ def _fp8_gemm_sm90_kernel(
 
     acc = gl.zeros([BM, BN], gl.float32, mma)
     zero = gl.zeros([BM, BN], gl.float32, mma)
-    nk2 = 2 * gl.cdiv(nk, 2)  # an odd K ends with a zero-filled block (scale 0)
     for j in range(nk2 // 2):
-        kb = 2 * j
-        s0 = _block_scale(as_rows, bs_row, kb, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
-        s1 = _block_scale(as_rows, bs_row, kb + 1, nk, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+        kb = 2 * j  # within the split: stages and phases count from its first block
+        s0 = _block_scale(as_rows, bs_row, lo + kb, hi, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
+        s1 = _block_scale(as_rows, bs_row, lo + kb + 1, hi, stride_ask, stride_bsk, m_ok, B_SCALE_PER_ROW)
         mbarrier.wait(ready.index(kb % STAGES), (kb // STAGES) & 1)
         c0 = warpgroup_mma(a_bufs.index(kb % STAGES), b_bufs.index(kb % STAGES).permute((1, 0)), zero,
                            use_acc=False, is_async=True)
@@ -212,21 +217,24 @@ def _fp8_gemm_sm90_kernel(
                            use_acc=False, is_async=True)
         d0 = warpgroup_mma_wait(num_outstanding=1, deps=(c0,))  # block kb retired, kb+1 in flight
         acc = _promote(acc, d0, s0, s_bufs, kb % STAGES, True, BN, cols, flat, B_SCALE_PER_ROW)
-        _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, kb + STAGES, nk2, off_m, off_n, tile_bytes,
-                STAGES, B_SCALE_PER_ROW)
+        _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, kb + STAGES, nk2, lo, off_m, off_n,
+                tile_bytes, STAGES, B_SCALE_PER_ROW)
         # nothing in flight at the loop's back edge: an in-flight product carried across it is
         # copied by the loop's phi while the tensor cores write it, and ptxas serializes every
         # wgmma (C7514)
         d1 = warpgroup_mma_wait(num_outstanding=0, deps=(c1,))
         acc = _promote(acc, d1, s1, s_bufs, (kb + 1) % STAGES, True, BN, cols, flat, B_SCALE_PER_ROW)
-        _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, kb + 1 + STAGES, nk2, off_m, off_n, tile_bytes,
-                STAGES, B_SCALE_PER_ROW)
+        _refill(a_desc, b_desc, s_desc, a_bufs, b_bufs, s_bufs, ready, kb + 1 + STAGES, nk2, lo, off_m, off_n,
+                tile_bytes, STAGES, B_SCALE_PER_ROW)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
     rn = off_n + gl.arange(0, BN, layout=cols)
-    c = c_ptr + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
-    gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
+    c = c_ptr + pid_k.to(gl.int64) * stride_cs + rm[:, None].to(gl.int64) * stride_cm + rn[None, :]
+    if SPLIT_OUT:
+        gl.store(c, acc, mask=m_ok[:, None] & (rn < N)[None, :])
+    else:
+        gl.store(c, acc.to(gl.bfloat16), mask=m_ok[:, None] & (rn < N)[None, :])
 
 
 # --------------------------------------------------------------------------- warp-specialized
@@ -433,14 +441,15 @@ def _layouts(bm: int, bn: int):
 
 def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: int, block_n: int,
                          num_warps: int, stages: int, *, b_scale_per_row: bool = False, pairs: bool | None = None,
-                         tma_store: bool | None = None, group_m: int | None = None) -> None:
+                         tma_store: bool | None = None, group_m: int | None = None, split_k: int = 1) -> None:
     """Launch the Gluon kernel: a ``fp8 [M, K]``, a_s ``fp32 [M, ceil(K/128)]``, b ``fp8 [N, K]``,
     b_s ``fp32 [ceil(N/128), ceil(K/128)]`` (128x128 blocks, `fp8_gemm`) or, with
     `b_scale_per_row`, ``fp32 [N, ceil(K/128)]`` (one scale per weight row and K block:
     `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller). `pairs` and
     `tma_store` and `group_m` override the warp-specialized kernel's choices (probes:
     `scripts/probes/fp8_ws.py`): `WS_PAIRS` per consumer count, a TMA-store epilogue wherever `out`
-    is TMA-able, and `ws_group_m`'s tile order."""
+    is TMA-able, and `ws_group_m`'s tile order. `split_k` (the 64x128 kernel only): programs
+    along K, each an even number of 128-K blocks, FP32 shares summed by `fp8_gemm.splitk_reduce`."""
     la, lb = _layouts(min(block_m, 128), block_n)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
     s_desc = b_desc  # unused without per-row scales
@@ -470,12 +479,22 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         )
         return
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    from .fp8_gemm import split_blocks, splitk_reduce  # noqa: PLC0415 (fp8_gemm imports this module lazily)
+
+    per, split = split_blocks(triton.cdiv(k, _BK), split_k)
+    if split > 1:
+        ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
+        dst, stride_cs, stride_cm = ws, ws.stride(0), ws.stride(1)
+    else:
+        dst, stride_cs, stride_cm = out, 0, out.stride(0)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     _fp8_gemm_sm90_kernel[grid](
-        a_desc, b_desc, s_desc, a_s, b_s, out, m, n, k,
-        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), out.stride(0),
-        STAGES=stages, num_warps=num_warps, B_SCALE_PER_ROW=b_scale_per_row,
+        a_desc, b_desc, s_desc, a_s, b_s, dst, m, n, k, per,
+        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), stride_cs, stride_cm,
+        STAGES=stages, num_warps=num_warps, B_SCALE_PER_ROW=b_scale_per_row, SPLIT_OUT=split > 1,
     )
+    if split > 1:
+        splitk_reduce(ws, out)
 
 
 def compile_configs():
@@ -505,12 +524,16 @@ def compile_configs():
             s_type = desc(scales, [1, bn], _S_LAYOUT) if per_row else b_type
             name = f"BM={bm},BN={bn},w={warps},stages={stages}{',b_scale=row' if per_row else ''}"
             if not ws:
-                sig = {"a_desc": desc(probe, [bm, _BK], la), "b_desc": b_type, "s_desc": s_type, **common}
-                cfgs.append(KernelConfig(
-                    f"fp8_gemm_sm90_gluon[{name}]", _fp8_gemm_sm90_kernel, sig,
-                    {"STAGES": stages, "num_warps": warps, "B_SCALE_PER_ROW": per_row}, num_warps=warps,
-                    num_stages=1, expect_sass=("QGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 1",),
-                    unaligned=unaligned))
+                for split in (False, True):
+                    sig = {"a_desc": desc(probe, [bm, _BK], la), "b_desc": b_type, "s_desc": s_type, **common,
+                           "c_ptr": "*fp32" if split else "*bf16", "blocks_per_split": "i32", "stride_cs": "i32",
+                           "SPLIT_OUT": "constexpr"}
+                    cfgs.append(KernelConfig(
+                        f"fp8_gemm_sm90_gluon[{name}{',split' if split else ''}]", _fp8_gemm_sm90_kernel, sig,
+                        {"STAGES": stages, "num_warps": warps, "B_SCALE_PER_ROW": per_row, "SPLIT_OUT": split},
+                        num_warps=warps, num_stages=1, expect_sass=("QGMMA",),
+                        expect_ptx=("wgmma.wait_group.sync.aligned 1",),
+                        unaligned=unaligned + ("blocks_per_split", "stride_cs")))
                 continue
             num_wg = bm // 64
             for tma_store in (True, False):
