@@ -195,7 +195,7 @@ def test_fp8_gemm_gluon_engine_matches_reference(shape, tile, gen):
 
 
 SPLIT_CASES = {
-    "M300_N320_K1040": (300, 320, 1040),  # 9 K blocks: splits of 4 / 2 blocks, the last odd (phantom)
+    "M300_N320_K1056": (300, 320, 1056),  # 9 K blocks (K tail): splits of 4 / 2 blocks, the last odd (phantom)
     "M16_N2304_K5120": (16, 2304, 5120),  # decode rows in a 64-row tile, V4-Flash K
     "M64_N300_K2304": (64, 300, 2304),    # N tail, 18 K blocks
 }
@@ -245,13 +245,16 @@ def test_fp8_gemm_ws_tile_orders_agree(block_m, warps, gen):
 
 
 def test_gluon_split_k_rule():
-    """The 64x128 kernel splits K only while its tiles leave SMs idle, to about two programs an
-    SM, with an even number of K blocks a split (pairs), at least 4, and no empty split."""
+    """The 64x128 kernel splits K only within one wave of programs and with >= 10 K blocks a
+    split (the measured optimum at the V4-Flash shapes), an even number of blocks a split
+    (pairs), and no empty split."""
     assert gluon_split_k(4096, 2304, 40, 132)[0] == 1
-    assert gluon_split_k(128, 2304, 40, 132)[0] == 7  # 36 tiles: 6 blocks a split
-    assert gluon_split_k(128, 5120, 18, 132)[0] == 3  # 80 tiles, 18 blocks: 6 a split
-    assert gluon_split_k(64, 2304, 40, 132)[0] == 10
-    assert gluon_split_k(128, 2304, 3, 132)[0] == 1  # too little K to split
+    assert gluon_split_k(16, 2304, 40, 132)[0] == 4  # 18 tiles: 10 blocks a split
+    assert gluon_split_k(64, 2304, 40, 132)[0] == 4
+    assert gluon_split_k(128, 2304, 40, 132)[0] == 3  # 36 tiles: 3 splits fit a wave, 14 blocks each
+    assert gluon_split_k(16, 5120, 18, 132)[0] == 1  # 18 blocks: not two splits of 10
+    assert gluon_split_k(128, 5120, 18, 132)[0] == 1
+    assert gluon_split_k(16, 128, 3, 132)[0] == 1  # too little K to split
     for nk in range(1, 60):
         for want in range(1, 20):
             per, split = split_blocks(nk, want)
@@ -290,7 +293,7 @@ def test_fp8_gemm_gluon_engine_contract(gen, monkeypatch):
     small = fp8_gemm_config(16, 2304, 5120)  # decode: the 64x128 kernel (TMA zero-fills the rows)
     assert small.engine == "gluon" and (small.block_m, small.swap_ab) == (64, False)
     g = fp8_gemm_config(16, 2304, 5120, sms=132, gluon=True)  # on a GPU: the heuristic's gluon split
-    assert g.engine == "gluon" and (g.block_m, g.split_k) == (64, 10), g
+    assert g.engine == "gluon" and (g.block_m, g.split_k) == (64, 4), g
     monkeypatch.setenv("LOWBIT_FP8_GEMM_SPLIT_K", "4")
     assert fp8_gemm_config(16, 2304, 5120, sms=132, gluon=True).split_k == 4
     monkeypatch.delenv("LOWBIT_FP8_GEMM_ENGINE")
@@ -601,8 +604,8 @@ def test_fp4_gemm_fold_engine_matches_reference(shape, tile, gen):
 def test_fp4_gemm_folded_weight_on_gpu(shape, gen):
     """A weight folded once (`fold_fp4_weight`) through the default dispatch: bit-identical to
     the per-call fold engine (same GEMM), and to the reference within budget; a planted
-    left-out group sets needs_fixup and still comes out exact. Decode M runs the mma engine
-    on the original weight the object keeps."""
+    left-out group sets needs_fixup and still comes out exact, at decode M too (where a folded
+    weight also takes the fold engine, K split, and its fixup)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the fold engine's GEMM is the sm_90 Gluon kernel")
     m, n, k = shape
@@ -634,7 +637,11 @@ def test_fold_fp4_weight_contract(gen, device):
     assert torch.equal(w.w8_s.cpu(), w8_s.cpu()) and torch.equal(w.left.cpu(), left.cpu())
     assert w.needs_fixup == bool(left.any()) and w.shape == (n, k)
     ops = (a.to(device), a_s.to(device))
-    assert_bitwise_equal(fp4_gemm(*ops, w).cpu(), fp4_gemm(*ops, b.to(device), b_s.to(device)).cpu(),
+    # the engine a folded weight gets (the fold engine on a GPU, the direct kernel on the CPU
+    # tier), forced on the raw weight: the same GEMM, with the fold done per call
+    cfg = fp4_gemm_config(m, n, k, 128, fp8_mod.num_sms(ops[0].device), fp4_mod.fold_capable(ops[0]),
+                          fp4_mod.mma_capable(*ops, b.to(device), b_s.to(device), 128), folded=True)
+    assert_bitwise_equal(fp4_gemm(*ops, w).cpu(), fp4_gemm(*ops, b.to(device), b_s.to(device), config=cfg).cpu(),
                          "folded vs raw weight")
     spread = _spread_problem(gen)
     assert fp4_mod.fold_fp4_weight(spread[2].to(device), spread[3].to(device)).needs_fixup
@@ -739,7 +746,7 @@ def test_fp4_gemm_env_override_engine(monkeypatch):
     assert c.engine == "fold" and "LOWBIT_FP4_GEMM_ENGINE=fold" in c.reason
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (192, 128, 12, 4, False, 1)
     small = fp4_gemm_config(16, 2304, 5120)  # decode: the 64x128 Gluon tile, K split
-    assert small.engine == "fold" and (small.block_m, small.swap_ab, small.split_k) == (64, False, 10), small
+    assert small.engine == "fold" and (small.block_m, small.swap_ab, small.split_k) == (64, False, 4), small
     act32 = fp4_gemm_config(4096, 2304, 5120, 32)
     assert act32.engine == "triton" and act32.k_step == 32 and "act_block_size 128" in act32.reason
     monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "triton")

@@ -12,7 +12,7 @@ import torch
 
 from lowbit.bench.timing import measure
 from lowbit.kernels.fp4_gemm import fold_fp4_weight, fp4_gemm, fp4_gemm_config
-from lowbit.kernels.fp8_gemm import fp8_gemm, fp8_gemm_config
+from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config, gluon_split_k
 from lowbit.kernels.quant import act_quant, fp4_quant
 
 
@@ -38,19 +38,18 @@ def main():
             a, a_s = act_quant(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), 128)
             rows = []
             tri = fp8_gemm_config(m, n, k, sms, gluon=False)
-            g = fp8_gemm_config(m, n, k, sms, gluon=True)
-            g = g if g.block_m == 64 else replace(g, block_m=64, block_n=128, num_warps=4, num_stages=4)
-            gl0 = replace(g, engine="gluon", split_k=1, swap_ab=False)
+            gsplit = gluon_split_k(m, n, (k + 127) // 128, sms)[0]
+            gl0 = BlockScaledConfig(64, 128, 4, 4, False, split_k=1, engine="gluon")
             ref8 = fp8_gemm(a, a_s, b8, b8_s, config=gl0)
             rows.append(("torch per-tensor fp8", t(lambda: torch._scaled_mm(a, b8.t(), scale_a=one, scale_b=one,
                                                                           out_dtype=torch.bfloat16)), None))
             rows.append((f"fp8 triton split {tri.split_k}", t(lambda: fp8_gemm(a, a_s, b8, b8_s, config=tri)),
                          err(fp8_gemm(a, a_s, b8, b8_s, config=tri), ref8)))
             heur = fp8_gemm_config(m, n, k, sms, gluon=True)
-            splits = sorted({1, 2, 4, max(1, g.split_k), 2 * max(1, g.split_k)})
+            splits = sorted({1, 2, 3, 4, gsplit, 2 * gsplit})
             for s in splits:
                 c = replace(gl0, split_k=s)
-                tag = " (heuristic)" if heur.engine == "gluon" and heur.split_k == s else ""
+                tag = " (heuristic)" if heur.engine == "gluon" and heur.split_k == s else (" (rule)" if s == gsplit else "")
                 rows.append((f"fp8 gluon 64x128 split {s}{tag}", t(lambda c=c: fp8_gemm(a, a_s, b8, b8_s, config=c)),
                              err(fp8_gemm(a, a_s, b8, b8_s, config=c), ref8)))
             mma = fp4_gemm_config(m, n, k, 128, sms, gluon=True, mma=True)

@@ -212,8 +212,9 @@ def _show_config_sections():
         (f"M={m} N={n} K={k} on sm_90", fp8_gemm.explain_fp8_gemm_config(m, n, k, gluon=True))
         for m in (16, 128, 4096) for n, k in ((2304, 5120), (5120, 2304))]
     yield "fp4_gemm", fp4_gemm.ENV_OVERRIDES, [
-        (f"M={m} N={n} K={k} on sm_90", fp4_gemm.explain_fp4_gemm_config(m, n, k, gluon=True, mma=True))
-        for m in (16, 64, 128, 4096) for n, k in ((2304, 5120), (5120, 2304))]
+        (f"M={m} N={n} K={k} on sm_90{', folded weight' if f else ''}",
+         fp4_gemm.explain_fp4_gemm_config(m, n, k, gluon=True, mma=True, folded=f))
+        for m in (16, 64, 128, 4096) for n, k in ((2304, 5120), (5120, 2304)) for f in (False, True)]
     yield "act_quant / fp4_quant", [*quant.ENV_OVERRIDES["act_quant"], *quant.ENV_OVERRIDES["fp4_quant"]], [
         ("act_quant 16384x7168", quant.explain_quant_config("act_quant", 16384, 7168, 128)),
         ("fp4_quant 16384x7168", quant.explain_quant_config("fp4_quant", 16384, 7168, 32))]

@@ -112,10 +112,9 @@ from .fp8_gemm import (
     check_fp8_operand,
     check_out,
     decode_tile,
-    gluon_split_k,
+    gluon_tile,
     launch_block_scaled,
     num_sms,
-    prefill_gluon_tile,
     scales_fp32,
     split_k_for,
     store_block_scaled_tile,
@@ -389,11 +388,10 @@ def _direct_config(m: int, n: int, k: int, act_block_size: int, sms: int) -> Blo
 
 def _fold_config(m: int, n: int, k: int, sms: int, reason: str) -> BlockScaledConfig:
     """The fold engine on the Gluon tile and K split `fp8_gemm` picks for the same shape
-    (`fp8_gemm.prefill_gluon_tile`, `fp8_gemm.gluon_split_k`)."""
-    bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
-    split, swhy = gluon_split_k(m, n, triton.cdiv(k, 128), sms) if bm == 64 else (1, "")
+    (`fp8_gemm.gluon_tile`)."""
+    bm, bn, warps, stages, split, why = gluon_tile(m, n, k, sms)
     return BlockScaledConfig(bm, bn, warps, stages, False, split_k=split, k_step=128, engine="fold",
-                             reason=f"{reason}; {why}{swhy}")
+                             reason=f"{reason}; {why}")
 
 
 def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
@@ -416,10 +414,14 @@ def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
 
 @lru_cache(maxsize=4096)
 def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon: bool, mma: bool,
-                   env: tuple) -> BlockScaledConfig:
+                   env: tuple, folded: bool = False) -> BlockScaledConfig:
     direct = _direct_config(m, n, k, act_block_size, sms)
-    fold = gluon and act_block_size == 128 and m > 64
-    use_mma = mma and act_block_size == 128 and m <= 64 and k % 128 == 0
+    # A weight folded once (`fold_fp4_weight`) takes the fold engine at every M: its GEMM alone
+    # beats the mma engine at decode. H200, twelfth session (`scripts/probes/small_m_split.py`),
+    # us, (N, K) = (2304, 5120) / (5120, 2304), folded at `fp8_gemm.gluon_split_k`'s split vs mma:
+    # M=16 13.5 / 12.9 vs 15.1 / 14.5; M=64 14.4 / 13.7 vs 24.5 / 22.0 (Humming W4A8 16.5 / 16.8).
+    fold = gluon and act_block_size == 128 and (m > 64 or folded)
+    use_mma = mma and act_block_size == 128 and m <= 64 and k % 128 == 0 and not fold
     if fold:
         # H200, sixth session, CUDA graph, us (fold engine vs the direct Triton kernel):
         #   M=4096 (N, K) = (2304, 5120) / (5120, 2304): 190.7 / 195.0 vs 754.6 / 714.1 (the
@@ -427,7 +429,8 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon:
         #     Humming's W4A8 123.6 / 117.4, fp8_gemm on FP8 weights 145-153
         #   M=128: 51.6 / 37.6 vs 94.8 / 42.0 (`scripts/sweeps/fp4_gemm_fold.json`, measured
         #     before the per-row scales moved into the TMA ring, which took M=4096 from 223 to 191)
-        # Decode (M <= 64) stays direct: the fold's ~18 us alone is more than its GEMM.
+        # Decode (M <= 64) per call stays on the mma engine: the fold's ~18 us alone is more
+        # than its GEMM.
         cfg = _fold_config(m, n, k, sms, f"M={m} on sm_90: fold engine (weight folded to FP8 once, `fp8_gemm_sm90` "
                                       f"with per-row scales, exact fixup of leftover groups; H200 M=4096 3.7-4.0x "
                                       f"the direct kernel, M=128 1.1-1.8x)")
@@ -472,21 +475,22 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: 
 
 
 def fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
-                    gluon: bool = False, mma: bool = False) -> BlockScaledConfig:
+                    gluon: bool = False, mma: bool = False, folded: bool = False) -> BlockScaledConfig:
     """Launch configuration of `fp4_gemm`, memoized per shape, act_block_size, SM count, `gluon`,
     `mma` and the ``LOWBIT_FP4_GEMM_*`` overrides (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES,
     SWAP_AB, SPLIT_K, K_STEP, ENGINE). gluon: the fold engine may be chosen (a Hopper GPU,
     TMA-able activations); prefill shapes with act_block_size 128 then get it by default.
     mma: the decode mma engine may be chosen (a Hopper GPU, operands `fp4_decode_sm90` takes);
-    decode shapes (M <= 64) with act_block_size 128 and K % 128 == 0 then get it."""
+    decode shapes (M <= 64) with act_block_size 128 and K % 128 == 0 then get it. folded: the
+    weight is a `FoldedFp4Weight`; with `gluon`, the fold engine (without its fold) at every M."""
     if act_block_size not in (32, 128):
         raise ValueError(f"act_block_size must be 32 or 128, got {act_block_size}")
-    return _config_cached(m, n, k, act_block_size, sms, gluon, mma, env_key("FP4_GEMM", _FIELDS))
+    return _config_cached(m, n, k, act_block_size, sms, gluon, mma, env_key("FP4_GEMM", _FIELDS), folded)
 
 
 def explain_fp4_gemm_config(m: int, n: int, k: int, act_block_size: int = 128, sms: int = H200_NUM_SMS,
-                            gluon: bool = False, mma: bool = False) -> str:
-    c = fp4_gemm_config(m, n, k, act_block_size, sms, gluon, mma)
+                            gluon: bool = False, mma: bool = False, folded: bool = False) -> str:
+    c = fp4_gemm_config(m, n, k, act_block_size, sms, gluon, mma, folded)
     return (f"fp4_gemm M={m} N={n} K={k} act_block={act_block_size}: block_m={c.block_m} block_n={c.block_n} "
             f"warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} "
             f"k_step={c.k_step} engine={c.engine} -- {c.reason}")
@@ -643,7 +647,7 @@ def fp4_gemm(
         return out.zero_()
     if config is None:
         config = fp4_gemm_config(m, n, k, act_block_size, num_sms(a.device), fold_capable(a),
-                                 mma_capable(a, a_s, b, b_s, act_block_size))
+                                 mma_capable(a, a_s, b, b_s, act_block_size), folded is not None)
     if config.engine == "mma":
         _launch_mma(a, a_s, b, b_s, out, config, act_block_size, who)
         return out

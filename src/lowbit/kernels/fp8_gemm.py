@@ -225,16 +225,37 @@ def split_blocks(k_blocks: int, split_k: int) -> tuple[int, int]:
 
 def gluon_split_k(m: int, n: int, k_blocks: int, sms: int) -> tuple[int, str]:
     """Split-K of `fp8_gemm_sm90`'s 64x128 kernel (also the fold engine's GEMM) where its tiles
-    leave SMs idle: about two programs an SM (98 KB of ring each, so two fit), at least 4 K
-    blocks a split; `split_blocks` then rounds the blocks a split up to even
-    (pairs) and equalizes. Returns (split, why)."""
+    leave SMs idle: as many splits as keep the grid within one wave (``sms // tiles``) and at
+    least 10 K blocks a split (each split costs its share of the FP32 workspace and the
+    reduction launch), blocks a split rounded up to even (`split_blocks`). Returns (split, why).
+
+    H200, twelfth session (`scripts/probes/small_m_split.py`, one process, CUDA graph, L2
+    flushed), us, fp8_gemm / fp4_gemm on a folded weight, split 1 / 2 / 3 / 4 / 10:
+    (N, K) = (2304, 5120) (18 tiles at M <= 64, 40 blocks): M=16 16.6 / 14.5 / 13.5 / **13.1** /
+    13.9 and 20.5 / 15.9 / 14.3 / **13.5** / 14.6; M=64 17.9 / 15.4 / 14.4 / **13.7** / 14.8 and
+    21.8 / 16.8 / 15.3 / **14.4** / 15.8; M=128 (36 tiles) 18.0 / 15.7 / **14.9** / 15.6 (split 7:
+    16.0) and 21.7 / 17.2 / **15.6** / 17.5. (5120, 2304) (40 / 80 tiles, 18 blocks): split 1
+    best everywhere: M=16 **11.2** vs 12.3-12.6, M=64 **12.4** vs 13.6-13.8, M=128 **12.4** vs
+    15.6-15.8 (fp4 folded 12.9 / 13.7 / 13.8, splits within +0.4 / +0.3 / +3.1)."""
     tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
-    if tiles >= sms:
-        return 1, ""
-    per, split = split_blocks(k_blocks, min(triton.cdiv(2 * sms, tiles), max(1, k_blocks // 4)))
-    if split == 1:
-        return 1, f"; {tiles} tiles, K of {k_blocks} blocks: no split"
-    return split, f"; {tiles} tiles < {sms} SMs: split K {split} ways ({per} blocks each, ~2 programs an SM)"
+    want = min(sms // max(tiles, 1), k_blocks // 10)
+    if want <= 1:
+        return 1, f"; {tiles} 64x128 tiles, {k_blocks} K blocks: no split (one wave, >= 10 blocks a split)"
+    per, split = split_blocks(k_blocks, want)
+    return split, f"; {tiles} 64x128 tiles: split K {split} ways ({per} blocks each; one wave, >= 10 blocks a split)"
+
+
+def gluon_tile(m: int, n: int, k: int, sms: int) -> tuple[int, int, int, int, int, str]:
+    """(block_m, block_n, num_warps, stages, split_k, why) of `fp8_gemm_sm90` for any M: decode
+    (M <= 64) on the 64x128 kernel (TMA zero-fills the rows past M), prefill by
+    `prefill_gluon_tile`; the 64x128 kernel split along K by `gluon_split_k`."""
+    if m <= 64:
+        bm, bn, warps, stages = 64, 128, 4, 4
+        why = f"decode M={m}: Gluon 64x128 (one warpgroup, the weight read once a tile of N)"
+    else:
+        bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
+    split, swhy = gluon_split_k(m, n, triton.cdiv(k, SCALE_BLOCK), sms) if bm == 64 else (1, "")
+    return bm, bn, warps, stages, split, why + swhy
 
 
 def prefill_gluon_tile(m: int, n: int, sms: int) -> tuple[int, int, int, int, str]:
@@ -278,20 +299,14 @@ def _config_cached(m: int, n: int, k: int, sms: int, gluon: bool, env: tuple) ->
     kb = triton.cdiv(k, SCALE_BLOCK)
     gcfg = None
     if gluon:
-        bm, bn, warps, stages, why = prefill_gluon_tile(m, n, sms)
-        split, swhy = gluon_split_k(m, n, kb, sms) if bm == 64 else (1, "")
-        gcfg = BlockScaledConfig(bm, bn, warps, stages, False, split_k=split, engine="gluon",
-                                 reason=f"M={m} on sm_90: {why}{swhy}")
-    if gluon and m > 64:
-        # H200, eighth session (`scripts/sweeps/fp8_gemm_gluon.json`, after the Gluon kernel
-        # stopped serializing its wgmmas), CUDA graph, us, (N, K) = (2304, 5120) / (5120, 2304):
-        # M=128: Gluon 64x128 17.7 / 12.3, Triton (64x128, split-K 2 on the first) 18.9 / 18.1,
-        # Gluon 128x128 24.6 / 15.4; M=4096: Gluon 64x128 117.8 / 123.6, 128x128 113.5 / 123.6
-        # (torch's per-tensor FP8 GEMM 71.6 / 75.6 in the bench). The Gluon kernel has no split-K:
-        # it wins at M=128 even on a 36-program grid. Between 129 and 4095 rows and below 128
-        # the choice is extrapolated, not measured. (Third session, before the C7514 fix: Gluon
-        # 64x128 1.02-1.07x Triton at M=4096, and lost at M=128: 25.7 vs 19.6 us.)
-        cfg = gcfg
+        # The Gluon kernels on sm_90 at every M. H200, twelfth session (`scripts/probes/
+        # small_m_split.py`, CUDA graph), us, (N, K) = (2304, 5120) / (5120, 2304), Gluon 64x128 at
+        # `gluon_split_k`'s split vs the Triton kernel's heuristic: M=16 13.1 / 11.2 vs 13.2 /
+        # 13.5; M=64 13.7 / 12.4 vs 16.0 / 14.3; M=128 14.9 / 12.4 vs 20.7 / 18.1 (torch's
+        # per-tensor FP8 GEMM 9.3-11.6). Prefill: `prefill_gluon_tile`.
+        bm, bn, warps, stages, split, why = gluon_tile(m, n, k, sms)
+        gcfg = cfg = BlockScaledConfig(bm, bn, warps, stages, False, split_k=split, engine="gluon",
+                                       reason=f"M={m} on sm_90: {why}")
     else:
         programs = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
         split, why = split_k_for(programs, kb, sms, triton.cdiv(m, cfg.block_m) * cfg.block_m, n, n * k)
