@@ -892,11 +892,13 @@ def test_linear_fp4_dispatch(act, scale_fmt, gen, device):
     if FP4X2 is not None:
         y2 = linear(x.to(device), w.view(FP4X2).to(device), s.to(device), act_block_size=act, scale_fmt=scale_fmt)
         assert_bitwise_equal(y2.cpu(), y.cpu(), "float4_e2m1fn_x2 weight")
-    folded = fp4_mod.fold_fp4_weight(w.to(device), s.to(device))  # prepared once: the same output
+    folded = fp4_mod.fold_fp4_weight(w.to(device), s.to(device))  # prepared once
     assert weight_kind(folded) == "fp4"
     y3 = linear(x.to(device).view(5, 1, k), folded, act_block_size=act, scale_fmt=scale_fmt)
     assert y3.shape == (5, 1, n)
-    assert_bitwise_equal(y3.view(5, n).cpu(), y.cpu(), "folded weight")
+    # on sm_90 a folded weight takes the fold engine at decode M (the raw one the mma engine):
+    # the same budget, not the same bits
+    _check(y3.view(5, n), ref, "linear fp4 folded weight")
     with pytest.raises(ValueError, match="carries its scales"):
         linear(x.to(device), folded, s.to(device))
     with pytest.raises(ValueError, match="must share K"):
