@@ -346,3 +346,64 @@ def test_cuda_graph_replay(gen):
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out.cpu().float(), _ref(q, kv, sink, idx), BUDGET)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", [16, 64, 100, 128])
+@pytest.mark.parametrize("split", [1, 3])
+def test_gluon_engine_matches_reference(h, split, gen):
+    """The Hopper Gluon kernel (`sparse_attn_sm90`, the gather in a producer partition) at d =
+    512, every tile of its table: heads padded to 64 (16, 100) or two head tiles (128), a top-k
+    that is not a multiple of the block (1000 slots), empty slots, uneven split shares, and a
+    query whose slots are all empty (exact zeros)."""
+    from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    q, kv, sink, idx = _problem(3, 2, h, 512, 8192, 1000, gen, "cuda", p_empty=0.1)
+    idx[1, 0] = -1
+    ref = _ref(q, kv, sink, idx)
+    for bk, stages in GLUON_TILES:
+        cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=split, engine="gluon")
+        out = _run(q, kv, sink, idx, config=cfg)
+        assert_close(out.float(), ref, BUDGET, f"gluon BK={bk} stages={stages} split {split}")
+        assert bool((out[1, 0] == 0).all()), "all-empty query must be exact zeros"
+
+
+@pytest.mark.gpu
+def test_gluon_engine_cuda_graph_replay(gen):
+    """The Gluon path captures into a CUDA graph and replays with new indices."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    q, kv, sink, idx = _problem(2, 1, 64, 512, 4096, 512, gen, "cuda")
+    cfg = SparseAttnConfig(64, 64, 8, 2, False, split_kv=2, engine="gluon")
+    out = torch.empty(q.shape, dtype=torch.bfloat16, device="cuda")
+    sparse_attn(q, kv, sink, idx, out=out, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sparse_attn(q, kv, sink, idx, out=out, config=cfg)
+    idx.copy_(torch.randint(-1, 4096, idx.shape, generator=gen, dtype=torch.int32).cuda())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out.cpu().float(), _ref(q, kv, sink, idx), BUDGET)
+
+
+def test_gluon_engine_contract(monkeypatch, gen, device):
+    """engine='gluon': only its own tiles; never on the CPU / under the interpreter; d = 512
+    only; LOWBIT_SPARSE_ATTN_ENGINE=gluon switches a heuristic config onto its tile."""
+    q, kv, sink, idx = _problem(1, 1, 8, 64, 32, 16, gen, device)
+    with pytest.raises(ValueError, match="gluon engine runs 64-head tiles"):
+        sparse_attn(q, kv, sink, idx, config=SparseAttnConfig(32, 64, 8, 2, False, engine="gluon"))
+    with pytest.raises(ValueError, match="engine must be"):
+        sparse_attn(q, kv, sink, idx, config=SparseAttnConfig(64, 64, 8, 2, False, engine="cuda"))
+    cfg = SparseAttnConfig(64, 64, 8, 2, False, engine="gluon")
+    if torch.device(device).type != "cuda" or torch.cuda.get_device_capability()[0] != 9:
+        with pytest.raises(ValueError, match="needs a CUDA GPU|sm_90"):
+            sparse_attn(q, kv, sink, idx, config=cfg)
+    else:
+        with pytest.raises(ValueError, match="needs d = 512"):
+            sparse_attn(q, kv, sink, idx, config=cfg)
+    monkeypatch.setenv("LOWBIT_SPARSE_ATTN_ENGINE", "gluon")
+    c = sparse_attn_config(4, 1, 16, topk=2048)
+    assert (c.engine, c.heads_per_program, c.num_warps, c.swap_ab) == ("gluon", 64, 8, False)
+    assert "LOWBIT_SPARSE_ATTN_ENGINE=gluon" in c.reason

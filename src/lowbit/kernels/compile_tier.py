@@ -39,6 +39,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.w4a16_indexed",
     "lowbit.kernels.w4a16_grouped",
     "lowbit.kernels.sparse_attn",
+    "lowbit.kernels.sparse_attn_sm90",
     "lowbit.kernels.quant",
     "lowbit.kernels.sinkhorn",
     "lowbit.kernels.moe_decode",

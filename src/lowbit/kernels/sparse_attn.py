@@ -229,6 +229,9 @@ class SparseAttnConfig:
     #: second kernel; more programs in flight when queries x head tiles leave SMs idle)
     split_kv: int = 1
     reason: str = ""
+    #: ``"triton"`` (this module's kernel, every tier) or ``"gluon"`` (`sparse_attn_sm90`: d =
+    #: 512, 64-head tiles, the gather in a producer partition; sm_90 only)
+    engine: str = "triton"
 
 
 #: heads per program -> (block_kv, num_warps, num_stages, swap_ab), at d = 512. Chosen from the
@@ -250,7 +253,7 @@ TILE_TABLE: dict[int, tuple[int, int, int, bool]] = {
 #: H200 streaming multiprocessors, used to size the grid when no CUDA device is visible.
 _DEFAULT_SMS = 132
 
-_OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab", "split_kv")
+_OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab", "split_kv", "engine")
 
 #: ``LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM`` ... : tuning overrides, each part of the memo key.
 ENV_OVERRIDES = tuning.override_names("SPARSE_ATTN", _OVERRIDE_FIELDS)
@@ -272,7 +275,27 @@ def _check_config(cfg: SparseAttnConfig) -> SparseAttnConfig:
         raise ValueError(f"num_stages must be >= 1, got {cfg.num_stages}")
     if cfg.split_kv < 1:
         raise ValueError(f"split_kv must be >= 1, got {cfg.split_kv}")
+    if cfg.engine not in ("triton", "gluon"):
+        raise ValueError(f"engine must be 'triton' or 'gluon', got {cfg.engine!r}")
+    if cfg.engine == "gluon":
+        from .sparse_attn_sm90 import GLUON_TILES, HEADS  # noqa: PLC0415 (Gluon imported only when asked for)
+
+        if cfg.heads_per_program != HEADS or (cfg.block_kv, cfg.num_stages) not in GLUON_TILES \
+                or cfg.num_warps != 8 or cfg.swap_ab:
+            raise ValueError(f"the gluon engine runs {HEADS}-head tiles, 8 warps, no swap_ab, (block_kv, "
+                             f"num_stages) in {GLUON_TILES}; got {cfg}")
     return cfg
+
+
+def _fit_engine(cfg: SparseAttnConfig) -> SparseAttnConfig:
+    """``LOWBIT_SPARSE_ATTN_ENGINE=gluon`` as a global switch: the Gluon kernel's own tile
+    (64 heads, 8 warps; the asked (block_kv, num_stages) if it has them, else its first)."""
+    if cfg.engine != "gluon":
+        return cfg
+    from .sparse_attn_sm90 import GLUON_TILES, HEADS  # noqa: PLC0415
+
+    bk, stages = (cfg.block_kv, cfg.num_stages) if (cfg.block_kv, cfg.num_stages) in GLUON_TILES else GLUON_TILES[0]
+    return replace(cfg, heads_per_program=HEADS, block_kv=bk, num_stages=stages, num_warps=8, swap_ab=False)
 
 
 def _apply_env_overrides(cfg: SparseAttnConfig) -> SparseAttnConfig:
@@ -288,7 +311,7 @@ def _apply_env_overrides(cfg: SparseAttnConfig) -> SparseAttnConfig:
         else:
             cfg = replace(cfg, **{field: val})
         cfg = replace(cfg, reason=cfg.reason + f"; {name}={v}")
-    return _check_config(cfg)
+    return _check_config(_fit_engine(cfg))
 
 
 def _table_config(ht: int, why: str) -> SparseAttnConfig:
@@ -354,6 +377,22 @@ def _validate_values(kv: torch.Tensor, attn_sink: torch.Tensor, topk_idxs: torch
         raise ValueError(f"topk_idxs must lie in [-1, n={n}) (-1 = empty slot), got range [{lo}, {hi}]")
     if bool(torch.isnan(attn_sink).any()) or bool(torch.isposinf(attn_sink).any()):
         raise ValueError("attn_sink must not contain NaN or +inf")
+
+
+def _launch_gluon(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
+                  config: SparseAttnConfig) -> None:
+    """The Hopper Gluon kernel (`sparse_attn_sm90`): an sm_90 GPU, d = 512, 16-byte aligned rows."""
+    from .sm90 import require_sm90  # noqa: PLC0415
+    from .sparse_attn_sm90 import HEAD_DIM, sparse_attn_sm90_launch  # noqa: PLC0415
+
+    require_sm90(q.device, "sparse_attn engine='gluon'")
+    if q.shape[3] != HEAD_DIM:
+        raise ValueError(f"sparse_attn: engine='gluon' needs d = {HEAD_DIM}, got {q.shape[3]}")
+    if kv.stride(1) % 8 or kv.data_ptr() % 16:
+        raise ValueError(f"sparse_attn: engine='gluon' gathers kv rows in 16-byte copies: rows must be 16-byte "
+                         f"aligned (row stride {kv.stride(1)} elements)")
+    sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale, per, splits, config.block_kv,
+                            config.num_stages)
 
 
 def sparse_attn(
@@ -436,17 +475,20 @@ def sparse_attn(
     dst = out
     if splits > 1:
         dst = torch.empty(b * s, splits, h, bd + 2, dtype=torch.float32, device=q.device)
-    _sparse_attn_kernel[(triton.cdiv(h, ht), b * s, splits)](
-        q, kv, sink, topk_idxs, dst,
-        h, n, topk, s,
-        q.stride(0), q.stride(1), q.stride(2),
-        kv.stride(0), kv.stride(1),
-        topk_idxs.stride(0), topk_idxs.stride(1),
-        out.stride(0), out.stride(1), out.stride(2),
-        softmax_scale * LOG2E, per,
-        D=d, BD=bd, HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab, SPLIT_OUT=splits > 1,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    if config.engine == "gluon":
+        _launch_gluon(q, kv, sink, topk_idxs, dst, out, softmax_scale * LOG2E, per, splits, config)
+    else:
+        _sparse_attn_kernel[(triton.cdiv(h, ht), b * s, splits)](
+            q, kv, sink, topk_idxs, dst,
+            h, n, topk, s,
+            q.stride(0), q.stride(1), q.stride(2),
+            kv.stride(0), kv.stride(1),
+            topk_idxs.stride(0), topk_idxs.stride(1),
+            out.stride(0), out.stride(1), out.stride(2),
+            softmax_scale * LOG2E, per,
+            D=d, BD=bd, HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab, SPLIT_OUT=splits > 1,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
     if splits > 1:
         _sparse_attn_combine_kernel[(b * s, triton.cdiv(h, _COMBINE_HEADS))](
             dst, sink, out, h, s, splits, out.stride(0), out.stride(1), out.stride(2),
