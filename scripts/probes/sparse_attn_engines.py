@@ -1,7 +1,7 @@
 """sparse_attn's engines side by side in one process (CUDA graph, L2 flushed by a read, as the
 bench): the Triton kernel (its heuristic) and the Gluon kernel (`sparse_attn_sm90`) at each of
 its tiles and several top-k splits, at the issue-6 decode point (b=64, s=1, h=64, d=512, top-k
-2048 over 64k KV rows a batch) and a prefill point (b=1, s=4096, same heads / top-k); outputs
+2048 over 64k KV rows a batch) and the bench's prefill point (b=1, s=1024, same heads / top-k); outputs
 compared with the Triton kernel's (relative Frobenius error). GB/s on the gathered bytes.
 Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill]"""
 import math
@@ -14,7 +14,7 @@ from lowbit.bench.timing import measure
 from lowbit.kernels.sparse_attn import SparseAttnConfig, sparse_attn, sparse_attn_config
 from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
 
-POINTS = {"decode": (64, 1, 64, 2048, 65536), "prefill": (1, 4096, 64, 2048, 65536)}
+POINTS = {"decode": (64, 1, 64, 2048, 65536), "prefill": (1, 1024, 64, 2048, 65536)}
 
 
 def main():
