@@ -3,7 +3,10 @@ bench): the Triton kernel (its heuristic) and the Gluon kernel (`sparse_attn_sm9
 its tiles and several top-k splits, at the issue-6 decode point (b=64, s=1, h=64, d=512, top-k
 2048 over 64k KV rows a batch) and the bench's prefill point (b=1, s=1024, same heads / top-k); outputs
 compared with the Triton kernel's (relative Frobenius error). GB/s on the gathered bytes.
-Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill]"""
+`bounds`: the Gluon kernel (BK 64, split 2) at the decode point with pieces removed (variants
+built by text edits, as `variants.py` does): no gather (the ring holds stale rows), no PV
+product, no product at all (the softmax stays).
+Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill] [bounds]"""
 import math
 import sys
 from dataclasses import replace
@@ -17,8 +20,40 @@ from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
 POINTS = {"decode": (64, 1, 64, 2048, 65536), "prefill": (1, 1024, 64, 2048, 65536)}
 
 
+NO_GATHER = [("        async_copy.async_copy_global_to_shared(kv_ring.index(st), src, mask=ok[:, None])\n", "")]
+NO_PV = [("""        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+""", "")]
+NO_MMA = NO_PV + [("s = warpgroup_mma(q_smem, blk.permute((1, 0)), gl.zeros([HT, BK], gl.float32, s_l), use_acc=False)",
+                   "s = gl.zeros([HT, BK], gl.float32, s_l) + j.to(gl.float32)")]
+
+
+def bounds():
+    import lowbit.kernels.sparse_attn_sm90 as sm90
+    from variants import variant
+
+    base = open(sm90.__file__).read()
+    b, s, h, topk, n = POINTS["decode"]
+    d = 512
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, s, h, d, device="cuda", generator=g).to(torch.bfloat16)
+    kv = torch.randn(b, n, d, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, n, (b, s, topk), device="cuda", generator=g, dtype=torch.int32)
+    sink = torch.randn(h, device="cuda", generator=g)
+    cfg = SparseAttnConfig(64, 64, 8, 2, False, split_kv=2, engine="gluon")
+    launch = sm90.sparse_attn_sm90_launch
+    for name, edits in (("full", []), ("no gather", NO_GATHER), ("no PV", NO_PV), ("no products", NO_MMA)):
+        sm90.sparse_attn_sm90_launch = variant("sa_" + name.replace(" ", "_"), edits, base).sparse_attn_sm90_launch
+        us = measure(lambda: sparse_attn(q, kv, sink, idx, config=cfg), cuda_graph=True).median_us
+        print(f"bounds   gluon BK 64 split 2, {name:12s} {us:8.1f} us")
+    sm90.sparse_attn_sm90_launch = launch
+
+
 def main():
-    for name in sys.argv[1:] or ["decode", "prefill"]:
+    args = sys.argv[1:] or ["decode", "prefill"]
+    if "bounds" in args:
+        bounds()
+    for name in [a for a in args if a != "bounds"]:
         b, s, h, topk, n = POINTS[name]
         d = 512
         g = torch.Generator(device="cuda").manual_seed(0)
