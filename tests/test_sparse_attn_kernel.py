@@ -407,3 +407,13 @@ def test_gluon_engine_contract(monkeypatch, gen, device):
     c = sparse_attn_config(4, 1, 16, topk=2048)
     assert (c.engine, c.heads_per_program, c.num_warps, c.swap_ab) == ("gluon", 64, 8, False)
     assert "LOWBIT_SPARSE_ATTN_ENGINE=gluon" in c.reason
+
+
+def test_gluon_default_rule():
+    """On an sm_90 GPU (gluon=True) the Gluon engine is the default where the Triton heuristic
+    takes 64-head tiles (> 32 heads), with the same split rule; fewer heads keep the Triton tiles."""
+    dec = sparse_attn_config(64, 1, 64, topk=2048, gluon=True)
+    assert (dec.engine, dec.heads_per_program, dec.block_kv, dec.num_stages, dec.split_kv) == ("gluon", 64, 64, 2, 2)
+    assert sparse_attn_config(1, 1024, 128, topk=2048, gluon=True).split_kv == 1
+    assert sparse_attn_config(64, 1, 16, topk=2048, gluon=True).engine == "triton"
+    assert sparse_attn_config(64, 1, 64, topk=2048).engine == "triton"

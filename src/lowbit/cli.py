@@ -219,8 +219,8 @@ def _show_config_sections():
         ("act_quant 16384x7168", quant.explain_quant_config("act_quant", 16384, 7168, 128)),
         ("fp4_quant 16384x7168", quant.explain_quant_config("fp4_quant", 16384, 7168, 32))]
     yield "sparse_attn", sparse_attn.ENV_OVERRIDES, [
-        ("decode b=64 s=1 h=64", sparse_attn.explain_sparse_attn_config(64, 1, 64, topk=2048)),
-        ("prefill b=1 s=4096 h=64", sparse_attn.explain_sparse_attn_config(1, 4096, 64, topk=2048))]
+        (f"{name}{' on sm_90' if g else ''}", sparse_attn.explain_sparse_attn_config(b, s, 64, topk=2048, gluon=g))
+        for name, b, s in (("decode b=64 s=1 h=64", 64, 1), ("prefill b=1 s=4096 h=64", 1, 4096)) for g in (False, True)]
     yield "hc_split_sinkhorn", sinkhorn.ENV_OVERRIDES, [
         (f"{n} tokens", sinkhorn.explain_sinkhorn_config(n)) for n in (64, 16384)]
 

@@ -67,6 +67,7 @@ from . import numerics, tuning
 
 __all__ = [
     "sparse_attn",
+    "gluon_capable",
     "SparseAttnConfig",
     "sparse_attn_config",
     "explain_sparse_attn_config",
@@ -333,18 +334,28 @@ _MIN_SLOTS_PER_SPLIT = 512
 
 
 @lru_cache(maxsize=4096)
-def _config_cached(queries: int, h: int, topk: int, sms: int, env: tuple) -> SparseAttnConfig:
+def _config_cached(queries: int, h: int, topk: int, sms: int, env: tuple, gluon: bool = False) -> SparseAttnConfig:
     """Widest head tile (each gathered KV row feeds the most heads, read once per query), then
     split the top-k list while the grid is short of the SMs. H200, sixth session, decode point
     (64 queries x 64 heads, top-k 2048, d 512), CUDA graph, us (`scripts/sweeps/
     sparse_attn_split.json`): 64 heads x split 2 (128 programs) 91.1; split 4 106.7; 32 heads x
     split 1 (the previous rule: the two head tiles of a query re-read its rows through L2)
     124.2 at 4 warps, 148.7 at 8; 32 heads split 2 / 4: 121.5-147.9; 64 heads unsplit (64
-    programs) 147.6."""
+    programs) 147.6.
+
+    `gluon` (an sm_90 GPU, d = 512, aligned rows): the Gluon kernel's 64-head tile (BK 64, 2
+    stages), same split rule. H200, twelfth session (`scripts/probes/sparse_attn_engines.py`,
+    same process, us): decode split 1 / 2 / 4: 90.7 / **66.1** / 88.5 against the Triton
+    kernel's 90.5 (split 2); BK 32 x 4 stages 124.9 / 80.8 / 102.2; prefill (b=1, s=1024) split
+    1 **709.0** against 1095.2."""
     tiles = sorted(TILE_TABLE)
     # no point in a tile wider than the heads padded to 16 / a power of two
     ht = max(t for t in tiles if t <= max(tiles[0], triton.next_power_of_2(h)))
     cfg = _table_config(ht, f"{ht}-head tile (the widest for {h} heads: each gathered row serves them all)")
+    if gluon and ht == 64:  # (fewer heads keep the narrower Triton tiles: not measured against it)
+        cfg = SparseAttnConfig(64, 64, 8, 2, False, engine="gluon", reason=(
+            "sm_90, d = 512: Gluon kernel (the KV gather in a producer partition), 64-head tiles, 64-slot blocks, "
+            "2 stages (H200 decode 1.37x, prefill 1.54x the Triton kernel)"))
     progs = queries * triton.cdiv(h, ht)
     split = max(1, min(sms // max(progs, 1), topk // _MIN_SLOTS_PER_SPLIT))
     if split > 1:
@@ -354,18 +365,30 @@ def _config_cached(queries: int, h: int, topk: int, sms: int, env: tuple) -> Spa
     return _apply_env_overrides(replace(cfg, split_kv=split, reason=f"{cfg.reason}; {why}"))
 
 
-def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu", topk: int = 0) -> SparseAttnConfig:
+def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu", topk: int = 0,
+                       gluon: bool = False) -> SparseAttnConfig:
     """Launch configuration for ``b * s`` queries of ``h`` heads over `topk` slots each,
-    memoized per (queries, heads, top-k, SM count) and the ``LOWBIT_SPARSE_ATTN_*`` overrides
-    (`ENV_OVERRIDES`: HEADS_PER_PROGRAM, BLOCK_KV, NUM_WARPS, NUM_STAGES, SWAP_AB, SPLIT_KV)."""
-    return _config_cached(b * s, h, topk, _sm_count(str(device)), _env_key())
+    memoized per (queries, heads, top-k, SM count, `gluon`) and the ``LOWBIT_SPARSE_ATTN_*``
+    overrides (`ENV_OVERRIDES`: HEADS_PER_PROGRAM, BLOCK_KV, NUM_WARPS, NUM_STAGES, SWAP_AB,
+    SPLIT_KV, ENGINE). gluon: the Gluon engine may run (`gluon_capable`); it is then the default."""
+    return _config_cached(b * s, h, topk, _sm_count(str(device)), _env_key(), gluon)
 
 
-def explain_sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu", topk: int = 0) -> str:
-    c = sparse_attn_config(b, s, h, device, topk)
+def gluon_capable(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """Whether the Gluon engine can run: an sm_90 GPU (not the interpreter), d = 512, kv rows
+    16-byte aligned."""
+    from .sm90 import is_sm90_native  # noqa: PLC0415
+
+    return (is_sm90_native(q.device) and q.shape[-1] == 512 and kv.stride(1) % 8 == 0
+            and kv.data_ptr() % 16 == 0)
+
+
+def explain_sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu", topk: int = 0,
+                               gluon: bool = False) -> str:
+    c = sparse_attn_config(b, s, h, device, topk, gluon)
     return (f"sparse_attn b={b} s={s} h={h} topk={topk}: heads_per_program={c.heads_per_program} "
             f"block_kv={c.block_kv} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} "
-            f"split_kv={c.split_kv} -- {c.reason}")
+            f"split_kv={c.split_kv} engine={c.engine} -- {c.reason}")
 
 
 # --------------------------------------------------------------------------- launcher
@@ -465,7 +488,8 @@ def sparse_attn(
                          f"got {out.dtype} {tuple(out.shape)} strides {out.stride()} on {out.device}")
     if out.numel() == 0:
         return out
-    config = sparse_attn_config(b, s, h, q.device, topk) if config is None else _check_config(config)
+    config = (sparse_attn_config(b, s, h, q.device, topk, gluon_capable(q, kv)) if config is None
+              else _check_config(config))
     sink = attn_sink.contiguous()
     ht = config.heads_per_program
     bd = max(16, triton.next_power_of_2(d))
