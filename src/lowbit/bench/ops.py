@@ -768,11 +768,11 @@ class AttnLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.sparse_attn import sparse_attn, sparse_attn_config  # noqa: PLC0415
+        from ..kernels.sparse_attn import gluon_capable, sparse_attn, sparse_attn_config  # noqa: PLC0415
 
         i = problem.inputs
         b, s, h, _ = i["q"].shape
-        cfg = sparse_attn_config(b, s, h, problem.device, i["topk_idxs"].shape[2])
+        cfg = sparse_attn_config(b, s, h, problem.device, i["topk_idxs"].shape[2], gluon_capable(i["q"], i["kv"]))
         self._config = _cfg_dict(cfg)
         out = torch.empty(i["q"].shape, dtype=torch.bfloat16, device=problem.device)
         self._call = lambda: sparse_attn(i["q"], i["kv"], i["attn_sink"], i["topk_idxs"], i["softmax_scale"],

@@ -92,13 +92,11 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
     l_i = gl.zeros([HT], gl.float32, gl.SliceLayout(1, s_l))
     acc = gl.zeros([HT, D], gl.float32, o_l)
     nblk = gl.cdiv(hi - lo, BK)
-    idx = gl.load(idx_base + lo + slots, mask=lo + slots < hi, other=-1)
     for j in range(nblk):
         st = j % STAGES
-        ok = (idx >= 0) & (idx < N)
-        # the next block's indices, loaded a block ahead: their latency hides behind this block
-        slot = lo + (j + 1) * BK + slots
+        slot = lo + j * BK + slots
         idx = gl.load(idx_base + slot, mask=slot < hi, other=-1)
+        ok = (idx >= 0) & (idx < N)
         mbarrier.wait(ready.index(st), (j // STAGES) & 1)
         blk = kv_ring.index(st)
         s = warpgroup_mma(q_smem, blk.permute((1, 0)), gl.zeros([HT, BK], gl.float32, s_l), use_acc=False)
