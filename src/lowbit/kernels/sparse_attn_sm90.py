@@ -24,12 +24,6 @@ for split shares, folded by `sparse_attn._sparse_attn_combine_kernel`):
   serves both products (K-major for the first, N-major for the second), so each gathered row
   is read from HBM once per query for all heads.
 - Heads are padded to 64 (q rows past h load as zeros, never stored).
-- Split shares (decode: 64 queries would leave half the SMs idle) are folded inside the kernel:
-  each program stores its FP32 share (acc, m, l) to a workspace, a CTA barrier, then one
-  ``atom.acq_rel.gpu`` on the query's counter; the program that sees the last count reads the
-  shares back from L2 and writes the output (as `sparse_attn._sparse_attn_combine_kernel` does
-  for the Triton kernel, without its launch and its DRAM round trip). The counters are zeroed
-  per call (one memset): concurrent calls on other streams never share them.
 
 Status: compiled for sm_90a by the compile tier; the opt-in engine ``"gluon"`` of
 `sparse_attn` (``LOWBIT_SPARSE_ATTN_ENGINE``); Gluon does not run under the Triton
@@ -38,7 +32,6 @@ interpreter, where the Triton kernel stays the path.
 
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -121,41 +114,8 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
 
 
 @gluon.jit
-def _combine_shares(ws_ptr, sink_ptr, out_ptr, row0, nsplit, H, heads, o_rows: gl.constexpr, dd, D: gl.constexpr):
-    """The last share's program folds every share of its query (the workspace rows ``row0 +
-    sp * H + heads``, L2-resident: written moments ago) as `sparse_attn`'s combine kernel does:
-    ``M = max m_s``, ``out = sum_s 2**(m_s - M) acc_s / (sum_s 2**(m_s - M) l_s + 2**(sink -
-    M))``, a zero denominator giving 0. Half of d at a time (64 registers of sum a thread);
-    `heads` in ``SliceLayout(1, o_rows)``, `dd` the half's columns in ``SliceLayout(0, o_rows)``.
-    The shares are read ``.cg`` (from L2: other SMs wrote them)."""
-    h_ok = heads < H
-    m_all = gl.full([heads.shape[0]], -1.0e30, gl.float32, gl.SliceLayout(1, o_rows))
-    for sp in range(nsplit):
-        w = ws_ptr + (row0 + sp * H + heads.to(gl.int64)) * (D + 2)
-        m_all = gl.maximum(m_all, gl.load(w + D, mask=h_ok, other=-1.0e30, cache_modifier=".cg"))
-    l_all = gl.zeros([heads.shape[0]], gl.float32, gl.SliceLayout(1, o_rows))
-    for sp in range(nsplit):
-        w = ws_ptr + (row0 + sp * H + heads.to(gl.int64)) * (D + 2)
-        l_all += gl.exp2(gl.load(w + D, mask=h_ok, other=-1.0e30, cache_modifier=".cg") - m_all) \
-            * gl.load(w + D + 1, mask=h_ok, other=0.0, cache_modifier=".cg")
-    sink = gl.load(sink_ptr + heads, mask=h_ok, other=float("-inf")) * 1.4426950408889634
-    l_all = l_all + gl.exp2(sink - m_all)
-    inv = 1.0 / gl.where(l_all > 0.0, l_all, 1.0)
-    HALF: gl.constexpr = dd.shape[0]
-    for half in gl.static_range(D // HALF):
-        o = gl.zeros([heads.shape[0], HALF], gl.float32, o_rows)
-        for sp in range(nsplit):
-            w = ws_ptr + (row0 + sp * H + heads.to(gl.int64)) * (D + 2)
-            scale = gl.exp2(gl.load(w + D, mask=h_ok, other=-1.0e30, cache_modifier=".cg") - m_all)
-            part = gl.load(w[:, None] + (half * HALF + dd)[None, :], mask=h_ok[:, None], other=0.0,
-                           cache_modifier=".cg")
-            o += scale[:, None] * part
-        gl.store(out_ptr + (half * HALF + dd)[None, :], (o * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
-
-
-@gluon.jit
 def _sparse_attn_sm90_kernel(
-    q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr, ws_ptr, cnt_ptr,
+    q_ptr, kv_ptr, sink_ptr, idx_ptr, out_ptr,
     H, N, TOPK, S,
     stride_qb, stride_qs, stride_qh,
     stride_kvb, stride_kvn,
@@ -165,10 +125,7 @@ def _sparse_attn_sm90_kernel(
     BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_OUT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (head tile of 64, query ``(b, s)``, top-k share); ``out_ptr`` bf16 ``[b, s, h,
-    512]``. With SPLIT_OUT each share goes to the FP32 workspace ``ws_ptr [b * s, splits, H,
-    514]`` (acc, m, l), then the program that finishes its query's last share (``cnt_ptr``:
-    int32 ``[b * s * head tiles]``, zeroed, one atomic a program) folds them into ``out``: no
-    second launch."""
+    512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l)."""
     D: gl.constexpr = 512
     HT: gl.constexpr = 64
     pid_h = gl.program_id(0)
@@ -206,49 +163,32 @@ def _sparse_attn_sm90_kernel(
     rows = pid_h * HT + gl.arange(0, HT, layout=gl.SliceLayout(1, o_l))
     dd = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
     h_ok = rows < H
-    out_q = out_ptr + bi * stride_ob + si * stride_os
     if SPLIT_OUT:
-        nsplit = gl.num_programs(2)
-        row0 = (pid_t * nsplit).to(gl.int64) * H
-        ws = ws_ptr + (row0 + pid_s * H + rows.to(gl.int64)) * (D + 2)
+        row = (pid_t * gl.num_programs(2) + pid_s).to(gl.int64) * H + rows
+        ws = out_ptr + row * (D + 2)
         gl.store(ws[:, None] + dd[None, :], acc, mask=h_ok[:, None])
         gl.store(ws + D, m_i, mask=h_ok)
         gl.store(ws + D + 1, l_i, mask=h_ok)
-        gl.thread_barrier()  # every warp's share stored before the release below
-        done = gl.atomic_add(cnt_ptr + pid_t * gl.num_programs(0) + pid_h, 1, sem="acq_rel", scope="gpu")
-        if done == nsplit - 1:
-            c_l: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # [64, 256] FP32
-            ch = pid_h * HT + gl.arange(0, HT, layout=gl.SliceLayout(1, c_l))
-            cd = gl.arange(0, D // 2, layout=gl.SliceLayout(0, c_l))
-            _combine_shares(ws_ptr, sink_ptr, out_q + ch[:, None].to(gl.int64) * stride_oh, row0, nsplit, H, ch,
-                            c_l, cd, D)
     else:
         # the sink joins the denominator only; l = 0 only when every slot is empty and the sink
         # is -inf (acc = 0 there: 0 * 1, not 0 / 0)
         sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
         l_i = l_i + gl.exp2(sink - m_i)
         inv = 1.0 / gl.where(l_i > 0.0, l_i, 1.0)
-        o = out_q + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
+        o = out_ptr + bi * stride_ob + si * stride_os + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
         gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
 
 
-def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, out, qk_scale: float, per: int, splits: int,
+def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
                             block_kv: int, stages: int) -> None:
     """Launch the Gluon kernel (operands validated by `sparse_attn`; d = 512, kv rows 16-byte
-    aligned) into ``out`` (bf16 ``[b, s, h, 512]``); `per` slots a share (a multiple of
-    block_kv), `splits` shares a query. With ``splits > 1`` it allocates the FP32 workspace
-    ``[b * s, splits, h, 514]`` and a zeroed int32 counter a (query, head tile) (one memset)."""
+    aligned): ``dst`` is ``out`` (bf16 ``[b, s, h, 512]``) or, with ``splits > 1``, the FP32
+    workspace ``[b * s, splits, h, 514]``; `per` slots a share (a multiple of block_kv)."""
     b, s, h, _ = q.shape
     n = kv.shape[1]
     topk = topk_idxs.shape[2]
-    tiles = triton.cdiv(h, HEADS)
-    if splits > 1:
-        ws = torch.empty(b * s, splits, h, HEAD_DIM + 2, dtype=torch.float32, device=q.device)
-        cnt = torch.zeros(b * s * tiles, dtype=torch.int32, device=q.device)
-    else:
-        ws = cnt = out  # unused
-    _sparse_attn_sm90_kernel[(tiles, b * s, splits)](
-        q, kv, sink, topk_idxs, out, ws, cnt,
+    _sparse_attn_sm90_kernel[(triton.cdiv(h, HEADS), b * s, splits)](
+        q, kv, sink, topk_idxs, dst,
         h, n, topk, s,
         q.stride(0), q.stride(1), q.stride(2),
         kv.stride(0), kv.stride(1),
@@ -264,7 +204,6 @@ def compile_configs():
     from .compile_tier import KernelConfig
 
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "sink_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32",
            "H": "i32", "N": "i32", "TOPK": "i32", "S": "i32",
            "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
            "stride_kvb": "i32", "stride_kvn": "i32",
@@ -277,7 +216,7 @@ def compile_configs():
         for split in (False, True):
             cfgs.append(KernelConfig(
                 f"sparse_attn_sm90[BK={bk},stages={stages}{',split' if split else ''}]", _sparse_attn_sm90_kernel,
-                sig,
+                dict(sig, out_ptr="*fp32") if split else sig,
                 {"BK": bk, "STAGES": stages, "SPLIT_OUT": split, "num_warps": 8},
                 num_warps=8, num_stages=1, expect_sass=("HGMMA", "LDGSTS"),
                 unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
