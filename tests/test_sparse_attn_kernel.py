@@ -375,11 +375,8 @@ def test_gluon_engine_cuda_graph_replay(gen):
     """The Gluon path captures into a CUDA graph and replays with new indices."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
-    from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
-
     q, kv, sink, idx = _problem(2, 1, 64, 512, 4096, 512, gen, "cuda")
-    bk, stages = GLUON_TILES[0]
-    cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=2, engine="gluon")
+    cfg = SparseAttnConfig(64, 64, 8, 2, False, split_kv=2, engine="gluon")
     out = torch.empty(q.shape, dtype=torch.bfloat16, device="cuda")
     sparse_attn(q, kv, sink, idx, out=out, config=cfg)
     graph = torch.cuda.CUDAGraph()
@@ -399,10 +396,7 @@ def test_gluon_engine_contract(monkeypatch, gen, device):
         sparse_attn(q, kv, sink, idx, config=SparseAttnConfig(32, 64, 8, 2, False, engine="gluon"))
     with pytest.raises(ValueError, match="engine must be"):
         sparse_attn(q, kv, sink, idx, config=SparseAttnConfig(64, 64, 8, 2, False, engine="cuda"))
-    from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
-
-    bk, stages = GLUON_TILES[0]
-    cfg = SparseAttnConfig(64, bk, 8, stages, False, engine="gluon")
+    cfg = SparseAttnConfig(64, 64, 8, 2, False, engine="gluon")
     if torch.device(device).type != "cuda" or torch.cuda.get_device_capability()[0] != 9:
         with pytest.raises(ValueError, match="needs a CUDA GPU|sm_90"):
             sparse_attn(q, kv, sink, idx, config=cfg)
@@ -418,11 +412,8 @@ def test_gluon_engine_contract(monkeypatch, gen, device):
 def test_gluon_default_rule():
     """On an sm_90 GPU (gluon=True) the Gluon engine is the default where the Triton heuristic
     takes 64-head tiles (> 32 heads), with the same split rule; fewer heads keep the Triton tiles."""
-    from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
-
     dec = sparse_attn_config(64, 1, 64, topk=2048, gluon=True)
-    assert (dec.engine, dec.heads_per_program, (dec.block_kv, dec.num_stages), dec.split_kv) == \
-        ("gluon", 64, GLUON_TILES[0], 2)
+    assert (dec.engine, dec.heads_per_program, dec.block_kv, dec.num_stages, dec.split_kv) == ("gluon", 64, 64, 2, 2)
     assert sparse_attn_config(1, 1024, 128, topk=2048, gluon=True).split_kv == 1
     assert sparse_attn_config(64, 1, 16, topk=2048, gluon=True).engine == "triton"
     assert sparse_attn_config(64, 1, 64, topk=2048).engine == "triton"

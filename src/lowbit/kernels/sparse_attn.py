@@ -353,10 +353,7 @@ def _config_cached(queries: int, h: int, topk: int, sms: int, env: tuple, gluon:
     ht = max(t for t in tiles if t <= max(tiles[0], triton.next_power_of_2(h)))
     cfg = _table_config(ht, f"{ht}-head tile (the widest for {h} heads: each gathered row serves them all)")
     if gluon and ht == 64:  # (fewer heads keep the narrower Triton tiles: not measured against it)
-        from .sparse_attn_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
-
-        bk, stages = GLUON_TILES[0]
-        cfg = SparseAttnConfig(64, bk, 8, stages, False, engine="gluon", reason=(
+        cfg = SparseAttnConfig(64, 64, 8, 2, False, engine="gluon", reason=(
             "sm_90, d = 512: Gluon kernel (the KV gather in a producer partition), 64-head tiles, 64-slot blocks, "
             "2 stages (H200 decode 1.37x, prefill 1.54x the Triton kernel)"))
     progs = queries * triton.cdiv(h, ht)

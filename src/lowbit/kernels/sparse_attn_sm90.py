@@ -50,12 +50,10 @@ HEAD_DIM = 512
 HEADS = 64
 #: (block_kv, stages) the kernel is built for: the KV ring is ``stages * block_kv`` KB beside
 #: q's 64 KB.
-GLUON_TILES = ((32, 4),)
+GLUON_TILES = ((64, 2), (32, 4))
 #: Producer partition: warps and registers (setmaxnreg); the consumers get the rest.
 _LOAD_WARPS = gl.constexpr(4)
-_LOAD_REGS = gl.constexpr(40)
-#: ... and of the second consumer warpgroup (the first gets what is left of the 64K).
-_MMA_REGS = gl.constexpr(232)
+_LOAD_REGS = gl.constexpr(88)
 
 
 @gluon.jit
@@ -80,25 +78,19 @@ def _gather_partition(kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, 
 
 
 @gluon.jit
-def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, sink_ptr, out_ptr, rows0, H,
-                      stride_oh, ws_row0, HALF: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                      SPLIT_OUT: gl.constexpr):
-    """One consumer warpgroup (its own partition): per block, the full scores ``S = q kv^T``
-    ([64, BK]: both warpgroups compute them, so neither waits for the other), the online softmax
-    inside the warpgroup (a row's scores sit in one warp's quad: shuffles, no barrier), and
-    ``acc += P kv[:, HALF * 256 ..]`` for its half of d; then its half of the output: normalized
-    bf16 into ``out_ptr`` (the query's ``[h, 512]`` rows), or with SPLIT_OUT the unnormalized
-    FP32 share into the workspace rows ``ws_row0 + heads`` (and, from half 0, m and l)."""
+def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale,
+                      BK: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Consumers (two warpgroups): per block, scores, online softmax, ``acc += P kv``; returns
+    the unnormalized ``acc [64, 512]`` and the running max / sum per head (log2 units)."""
     D: gl.constexpr = kv_ring.shape[2]
-    DH: gl.constexpr = D // 2
     HT: gl.constexpr = q_smem.shape[0]
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     slots = gl.arange(0, BK, layout=gl.SliceLayout(0, s_l))
     m_i = gl.full([HT], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
     l_i = gl.zeros([HT], gl.float32, gl.SliceLayout(1, s_l))
-    acc = gl.zeros([HT, DH], gl.float32, o_l)
+    acc = gl.zeros([HT, D], gl.float32, o_l)
     nblk = gl.cdiv(hi - lo, BK)
     for j in range(nblk):
         st = j % STAGES
@@ -115,30 +107,10 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
         l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk.slice(HALF * DH, DH, dim=1), acc,
-                            is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(st), count=1)  # (Gluon syncs the partition's warps first)
-
-    m_o = gl.convert_layout(m_i, gl.SliceLayout(1, o_l))
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
-    rows = rows0 + gl.arange(0, HT, layout=gl.SliceLayout(1, o_l))
-    dd = HALF * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
-    h_ok = rows < H
-    if SPLIT_OUT:
-        ws = out_ptr + (ws_row0 + rows.to(gl.int64)) * (D + 2)
-        gl.store(ws[:, None] + dd[None, :], acc, mask=h_ok[:, None])
-        if HALF == 0:
-            gl.store(ws + D, m_o, mask=h_ok)
-            gl.store(ws + D + 1, l_o, mask=h_ok)
-    else:
-        # the sink joins the denominator only; l = 0 only when every slot is empty and the sink
-        # is -inf (acc = 0 there: 0 * 1, not 0 / 0)
-        sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
-        l_o = l_o + gl.exp2(sink - m_o)
-        inv = 1.0 / gl.where(l_o > 0.0, l_o, 1.0)
-        o = out_ptr + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
-        gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
+    return acc, gl.convert_layout(m_i, gl.SliceLayout(1, o_l)), gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
 
 
 @gluon.jit
@@ -153,8 +125,7 @@ def _sparse_attn_sm90_kernel(
     BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_OUT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (head tile of 64, query ``(b, s)``, top-k share); ``out_ptr`` bf16 ``[b, s, h,
-    512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l).
-    Three partitions of one warpgroup each: two consumers (halves of d) and the gather."""
+    512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l)."""
     D: gl.constexpr = 512
     HT: gl.constexpr = 64
     pid_h = gl.program_id(0)
@@ -180,22 +151,32 @@ def _sparse_attn_sm90_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=32 * _LOAD_WARPS.value)  # one cp.async arrive a producer lane
-        mbarrier.init(empty.index(i), count=2)  # one arrive a consumer warpgroup
+        mbarrier.init(empty.index(i), count=1)
     fence_async_shared()  # q's generic-proxy store before the wgmmas read it
 
-    if SPLIT_OUT:
-        dst = out_ptr
-        ws_row0 = (pid_t * gl.num_programs(2) + pid_s).to(gl.int64) * H
-    else:
-        dst = out_ptr + bi * stride_ob + si * stride_os
-        ws_row0 = (pid_t * 0).to(gl.int64)
-    gl.warp_specialize([
-        (_attend_partition, (q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, sink_ptr, dst,
-                             pid_h * HT, H, stride_oh, ws_row0, 0, BK, STAGES, SPLIT_OUT)),
-        (_attend_partition, (q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, sink_ptr, dst,
-                             pid_h * HT, H, stride_oh, ws_row0, 1, BK, STAGES, SPLIT_OUT)),
+    acc, m_i, l_i = gl.warp_specialize([
+        (_attend_partition, (q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, BK, STAGES, num_warps)),
         (_gather_partition, (kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, empty, BK, STAGES)),
-    ], [4, _LOAD_WARPS.value], [_MMA_REGS.value, _LOAD_REGS.value])
+    ], [_LOAD_WARPS.value], [_LOAD_REGS.value])
+
+    o_l: gl.constexpr = acc.type.layout
+    rows = pid_h * HT + gl.arange(0, HT, layout=gl.SliceLayout(1, o_l))
+    dd = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
+    h_ok = rows < H
+    if SPLIT_OUT:
+        row = (pid_t * gl.num_programs(2) + pid_s).to(gl.int64) * H + rows
+        ws = out_ptr + row * (D + 2)
+        gl.store(ws[:, None] + dd[None, :], acc, mask=h_ok[:, None])
+        gl.store(ws + D, m_i, mask=h_ok)
+        gl.store(ws + D + 1, l_i, mask=h_ok)
+    else:
+        # the sink joins the denominator only; l = 0 only when every slot is empty and the sink
+        # is -inf (acc = 0 there: 0 * 1, not 0 / 0)
+        sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
+        l_i = l_i + gl.exp2(sink - m_i)
+        inv = 1.0 / gl.where(l_i > 0.0, l_i, 1.0)
+        o = out_ptr + bi * stride_ob + si * stride_os + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
+        gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
 
 
 def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
@@ -214,7 +195,7 @@ def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, p
         topk_idxs.stride(0), topk_idxs.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         qk_scale, per,
-        BK=block_kv, STAGES=stages, SPLIT_OUT=splits > 1, num_warps=4,
+        BK=block_kv, STAGES=stages, SPLIT_OUT=splits > 1, num_warps=8,
     )
 
 
@@ -236,7 +217,7 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"sparse_attn_sm90[BK={bk},stages={stages}{',split' if split else ''}]", _sparse_attn_sm90_kernel,
                 dict(sig, out_ptr="*fp32") if split else sig,
-                {"BK": bk, "STAGES": stages, "SPLIT_OUT": split, "num_warps": 4},
-                num_warps=4, num_stages=1, expect_sass=("HGMMA", "LDGSTS"),
+                {"BK": bk, "STAGES": stages, "SPLIT_OUT": split, "num_warps": 8},
+                num_warps=8, num_stages=1, expect_sass=("HGMMA", "LDGSTS"),
                 unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
     return cfgs
