@@ -3,10 +3,13 @@ bench): the Triton kernel (its heuristic) and the Gluon kernel (`sparse_attn_sm9
 its tiles and several top-k splits, at the issue-6 decode point (b=64, s=1, h=64, d=512, top-k
 2048 over 64k KV rows a batch) and the bench's prefill point (b=1, s=1024, same heads / top-k); outputs
 compared with the Triton kernel's (relative Frobenius error). GB/s on the gathered bytes.
-`bounds`: the Gluon kernel (BK 64, split 2) at the decode point with pieces removed (variants
+`bounds`: the Gluon kernel (its first tile, split 2) at the decode point with pieces removed (variants
 built by text edits, as `variants.py` does): no gather (the ring holds stale rows), no PV
 product, no product at all (the softmax stays).
-Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill] [bounds]"""
+`ab OLD_FILE`: another version of `sparse_attn_sm90` (its launcher, its own tile table) beside
+the current one at both points, outputs compared (save it first, e.g. `git show
+REV:src/lowbit/kernels/sparse_attn_sm90.py > scratch/old.py`, and carry `scratch`).
+Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill] [bounds] [ab OLD_FILE]"""
 import math
 import sys
 from dataclasses import replace
@@ -40,17 +43,62 @@ def bounds():
     kv = torch.randn(b, n, d, device="cuda", generator=g).to(torch.bfloat16)
     idx = torch.randint(0, n, (b, s, topk), device="cuda", generator=g, dtype=torch.int32)
     sink = torch.randn(h, device="cuda", generator=g)
-    cfg = SparseAttnConfig(64, 64, 8, 2, False, split_kv=2, engine="gluon")
+    bk, stages = GLUON_TILES[0]
+    cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=2, engine="gluon")
     launch = sm90.sparse_attn_sm90_launch
     for name, edits in (("full", []), ("no gather", NO_GATHER), ("no PV", NO_PV), ("no products", NO_MMA)):
         sm90.sparse_attn_sm90_launch = variant("sa_" + name.replace(" ", "_"), edits, base).sparse_attn_sm90_launch
         us = measure(lambda: sparse_attn(q, kv, sink, idx, config=cfg), cuda_graph=True).median_us
-        print(f"bounds   gluon BK 64 split 2, {name:12s} {us:8.1f} us")
+        print(f"bounds   gluon BK {bk} split 2, {name:12s} {us:8.1f} us")
     sm90.sparse_attn_sm90_launch = launch
+
+
+def _inputs(name):
+    b, s, h, topk, n = POINTS[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, s, h, 512, device="cuda", generator=g).to(torch.bfloat16)
+    kv = torch.empty(b, n, 512, dtype=torch.bfloat16, device="cuda")
+    for i in range(b):
+        kv[i] = torch.randn(n, 512, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, n, (b, s, topk), device="cuda", generator=g, dtype=torch.int32)
+    return q, kv, torch.randn(h, device="cuda", generator=g), idx
+
+
+def ab(old_file):
+    import importlib.util
+
+    import lowbit.kernels.sparse_attn as sa
+    import lowbit.kernels.sparse_attn_sm90 as sm90
+
+    spec = importlib.util.spec_from_file_location("sparse_attn_sm90_old", old_file)
+    old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old
+    spec.loader.exec_module(old)
+    check, launch = sa._check_config, sm90.sparse_attn_sm90_launch
+    sa._check_config = lambda c: c  # the old version's tiles are not the current table's
+    for name in ("decode", "prefill"):
+        q, kv, sink, idx = _inputs(name)
+        b, s, h, topk, _ = POINTS[name]
+        base = sparse_attn_config(b, s, h, "cuda", topk)
+        ref = sparse_attn(q, kv, sink, idx, config=base)
+        for tag, mod, fn, tiles in (("old", old, old.sparse_attn_sm90_launch, old.GLUON_TILES),
+                                    ("new", sm90, launch, sm90.GLUON_TILES)):
+            sm90.sparse_attn_sm90_launch = fn
+            for bk, stages in tiles:
+                for split in (1, 2):
+                    cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=split, engine="gluon")
+                    out = sparse_attn(q, kv, sink, idx, config=cfg)
+                    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+                    us = measure(lambda cfg=cfg: sparse_attn(q, kv, sink, idx, config=cfg), cuda_graph=True).median_us
+                    print(f"ab {name:8s} {tag} BK {bk} stages {stages} split {split}  {us:8.1f} us  diff {err:.1e}")
+    sa._check_config, sm90.sparse_attn_sm90_launch = check, launch
 
 
 def main():
     args = sys.argv[1:] or ["decode", "prefill"]
+    if "ab" in args:
+        ab(args[args.index("ab") + 1])
+        args = [a for a in args if a not in ("ab", args[args.index("ab") + 1])]
     if "bounds" in args:
         bounds()
     for name in [a for a in args if a != "bounds"]:
