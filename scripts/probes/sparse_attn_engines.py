@@ -81,8 +81,8 @@ def ab(old_file):
         b, s, h, topk, _ = POINTS[name]
         base = sparse_attn_config(b, s, h, "cuda", topk)
         ref = sparse_attn(q, kv, sink, idx, config=base)
-        for tag, mod, fn, tiles in (("old", old, old.sparse_attn_sm90_launch, old.GLUON_TILES),
-                                    ("new", sm90, launch, sm90.GLUON_TILES)):
+        for tag, fn, tiles in (("old", old.sparse_attn_sm90_launch, old.GLUON_TILES),
+                               ("new", launch, sm90.GLUON_TILES)):
             sm90.sparse_attn_sm90_launch = fn
             for bk, stages in tiles:
                 for split in (1, 2):
