@@ -68,20 +68,23 @@ engine on FP8 weights of the same shape). The fold engine splits the work in two
 Phase 1 depends on the weight only: `fold_fp4_weight` runs it once (at weight-load time, as
 Humming's ``transform()``) and returns a `FoldedFp4Weight` that `fp4_gemm` takes in place of
 ``(b, b_s)``; the call is then the GEMM alone, plus the fixup only where the fold left a group
-out (read once, at preparation). Decode shapes and non-Hopper devices run their own engines
-on the original weight the object keeps.
+out (read once, at preparation). On sm_90 it takes that engine at every M (decode too: its
+GEMM alone beats the mma engine there); non-Hopper devices run their own engines on the
+original weight the object keeps.
 
 Heuristics (`fp4_gemm_config`): M <= 64: the swap-AB decode tile of `fp8_gemm` (64 weight
 rows on the wgmma M side, 8 warps at 64 activation rows); larger M: 128x64 tiles, 8 warps
 (128x128 spills with the upcast in registers); the split-K grid-fill rule on the weight's
 bytes; k_step from act_block_size. With ``gluon=True`` (the launcher passes `fold_capable`),
-act_block_size 128 and M > 64: the fold engine on `fp8_gemm`'s prefill Gluon tile for the
-shape (`fp8_gemm.prefill_gluon_tile`); H200 (eleventh session, CUDA graph, beside Humming's
+act_block_size 128 and M > 64 (any M with ``folded=True``: a `FoldedFp4Weight`): the fold
+engine on `fp8_gemm`'s Gluon tile and K split for the shape (`fp8_gemm.gluon_tile`); H200
+(twelfth session, bench beside Humming's W4A8, folded weight): M=16 / 64 / 128 / 4096 1.13 /
+1.15 / 1.21 / 1.23x at (2304, 5120), 1.17 / 1.22 / 1.35 / 1.10x at (5120, 2304); H200 (eleventh session, CUDA graph, beside Humming's
 W4A8): M=4096 (N, K) = (2304, 5120) / (5120, 2304) 120.1 / 122.5 us per call with the fold,
 102.8 / 104.4 on a weight folded once (`fold_fp4_weight`), Humming 122.3 / 116.9; M=128
 38.7 / 31.4, folded 21.4 / 13.7, Humming 19.0 / 18.6. With ``mma=True`` (the launcher passes
-`mma_capable`: an sm_90 GPU, K % 128 == 0, aligned rows), act_block_size 128 and M <= 64: the
-decode mma engine (`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3
+`mma_capable`: an sm_90 GPU, K % 128 == 0, aligned rows), act_block_size 128, M <= 64 and a
+raw weight: the decode mma engine (`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3
 values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split
 to ~3.5 programs an SM); H200 (tenth session, CUDA graph, beside Humming's W4A8): M=16 14.1 /
 14.3 us against 35.4 / 43.2 for the direct kernel and 15.0 / 15.1 for Humming; M=64 19.6 /
@@ -447,8 +450,9 @@ def _config_cached(m: int, n: int, k: int, act_block_size: int, sms: int, gluon:
 def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: int, sms: int, mma_ok: bool,
                 direct: BlockScaledConfig) -> BlockScaledConfig:
     """``LOWBIT_FP4_GEMM_ENGINE=fold`` / ``mma`` work as global switches (as fp8_gemm's
-    ``gluon``): a shape the engine has no tile for runs the engine's own tile (fold: M > 64;
-    mma: where `mma_ok`); other shapes stay on the Triton kernel, with the reason said."""
+    ``gluon``): a shape the engine has no tile for runs the engine's own tile and split (fold:
+    `_fold_config`, any M; mma: where `mma_ok`); other shapes stay on the Triton kernel, with
+    the reason said."""
     if cfg.engine == "mma":
         if not mma_ok:
             return replace(direct, reason=f"{direct.reason}; the mma engine needs M <= 64, act_block_size 128, "

@@ -36,9 +36,11 @@ Heuristics (`fp8_gemm_config`): a pure function of (M, N, K, SM count), memoized
 (compile tier) and the grid-fill rule below. Measured on the H200 (2026-11-29, CUDA-graph
 replay, docs/performance.md): 14.5-20.5 us at M=16/128 (torch's per-tensor FP8 GEMM 10.8-12.3),
 629-634 TFLOP/s at M=4096 (0.47-0.50x torch): the tensor cores idle during each K block's
-promotion, which Triton cannot overlap. `lowbit.kernels.fp8_gemm_sm90` holds the Gluon kernel
-that does (644-676 TFLOP/s, 1.02-1.07x the Triton tile): the default for prefill shapes
-(M > 128) on a Hopper GPU with TMA-able operands, ``engine="triton"`` elsewhere.
+promotion, which Triton cannot overlap. `lowbit.kernels.fp8_gemm_sm90` holds the Gluon kernels
+that do: with ``gluon=True`` (a Hopper GPU, TMA-able operands) the default at every M
+(`gluon_tile`: the persistent warp-specialized kernel where 128x128 tiles fill the SMs, else
+the 64x128 kernel split along K by `gluon_split_k`; H200, twelfth session: M=4096 0.82-0.85x
+torch's per-tensor FP8 GEMM, M=16 / 128 0.77-0.84x); ``engine="triton"`` elsewhere.
 This module also holds what `lowbit.kernels.fp4_gemm` shares: the config type, the overrides,
 the split-K rule and the split-K reduction.
 """

@@ -25,8 +25,9 @@ ring (A as one 64-row box per consumer), and two or three consumer warpgroups, e
 partition so no barrier couples them, take 64 rows each. With two, each warpgroup keeps two
 products in flight and promotes block 2j under block 2j+1's wgmma (PAIRS); with three, the
 other two warpgroups cover a promotion. Each finished tile goes out through shared memory and
-a TMA store that overlaps the next tile's K loop; tiles are visited in groups of 8 row tiles
-(M fastest), so what is resident stays in L2. H200, eleventh session (`scripts/probes/fp8_ws.py`,
+a TMA store that overlaps the next tile's K loop; where the operands exceed the L2, tiles are
+visited in groups of 8 row tiles (M fastest), so what is resident stays in L2 (`ws_group_m`).
+H200, eleventh session (`scripts/probes/fp8_ws.py`,
 same process, us): M=4096 (N, K) = (2304, 5120): 64x128 114.4, 128 rows 88.4, 192 rows 86.8,
 torch per-tensor 69.0; (5120, 2304): 120.2 / 83.1 / 85.4, torch 73.2; 8192^3: 1343.7 / 1026.0
 / 1028.1, torch 800.8. What each step bought (same probe, before the grouped order): the
@@ -42,7 +43,9 @@ change); 6 stages (no gain).
 tiles in shared memory, one mbarrier per stage; a block's stage is refilled with block
 ``k + STAGES`` as soon as its product is promoted. TMA zero-fills rows and K columns past the
 tensor bounds, so M, N and K tails need no masks until the store (an odd number of K blocks
-ends with a zero-filled block of scale 0).
+ends with a zero-filled block of scale 0). Split along K (a third grid axis; each split an even
+number of blocks, so only the last can end on the phantom block) it writes FP32 shares that
+`fp8_gemm.splitk_reduce` sums: decode and small-M grids (`fp8_gemm.gluon_split_k`).
 Semantics are `fp8_gemm`'s (same promotion order: ``acc += blk * (a_s * b_s)`` per K block).
 With ``B_SCALE_PER_ROW`` (`fp4_gemm`'s fold engine) the weight scale is per weight row and K
 block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m] * b_s[n]``;
@@ -50,8 +53,8 @@ the flag off compiles to the same instructions as before it existed.
 
 Status: compiled for sm_90a by the compile tier (QGMMA in the SASS, ``wgmma.wait_group 1`` in
 the PTX where products overlap, no C75xx serialization info); correct on the H200 (GPU tests,
-bit-identical outputs across the kernels: the same promotion order) and the default for M > 64
-on sm_90 with TMA-able operands. Gluon does not run under the Triton interpreter: the Triton
+bit-identical outputs across the kernels: the same promotion order) and the default at every
+M on sm_90 with TMA-able operands (`fp8_gemm.gluon_tile`). Gluon does not run under the Triton interpreter: the Triton
 kernel stays the path on CPU.
 """
 

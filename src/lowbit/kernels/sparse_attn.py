@@ -50,6 +50,12 @@ takes the widest head tile and splits the top-k while the grid is short of the S
 Measured on the H200 (sixth session, CUDA graph, decode point b=64 h=64 top-k 2048 d=512):
 91.1 us with 64-head tiles split 2 ways, 124-149 us for the earlier 32-head tiles unsplit;
 `_config_cached` has the sweep. The per-tile rows of `TILE_TABLE` come from the compile tier.
+
+Engines (`SparseAttnConfig.engine`): ``"triton"`` (this kernel, every tier) and ``"gluon"``
+(`lowbit.kernels.sparse_attn_sm90`: d = 512, 64-head tiles, the KV gather in its own warps;
+the default on sm_90 for > 32 heads, `gluon_capable`; H200 twelfth session: decode 65.6 us,
+prefill b=1 s=1024 711 us, 1.38x / 1.54x this kernel). Both write split shares in the same
+workspace format, folded by `_sparse_attn_combine_kernel`.
 """
 
 from __future__ import annotations
