@@ -408,6 +408,19 @@ def _validate_values(kv: torch.Tensor, attn_sink: torch.Tensor, topk_idxs: torch
         raise ValueError("attn_sink must not contain NaN or +inf")
 
 
+def kernel_args(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int) -> tuple:
+    """The runtime arguments both engines' kernels take, in their order (pointers, sizes,
+    strides, the log2-unit scale, slots a share); `dst` is `out` or the split workspace."""
+    _, s, h, _ = q.shape
+    return (q, kv, sink, topk_idxs, dst,
+            h, kv.shape[1], topk_idxs.shape[2], s,
+            q.stride(0), q.stride(1), q.stride(2),
+            kv.stride(0), kv.stride(1),
+            topk_idxs.stride(0), topk_idxs.stride(1),
+            out.stride(0), out.stride(1), out.stride(2),
+            qk_scale, per)
+
+
 def _launch_gluon(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
                   config: SparseAttnConfig) -> None:
     """The Hopper Gluon kernel (`sparse_attn_sm90`): an sm_90 GPU, d = 512, 16-byte aligned rows."""
@@ -464,7 +477,6 @@ def sparse_attn(
     b, s, h, d = q.shape
     if kv.dim() != 3 or kv.shape[0] != b or kv.shape[2] != d:
         raise ValueError(f"kv must be [b, n, d] = [{b}, n, {d}] for q {tuple(q.shape)}, got {tuple(kv.shape)}")
-    n = kv.shape[1]
     if tuple(attn_sink.shape) != (h,):
         raise ValueError(f"attn_sink must be [h] = [{h}], got {tuple(attn_sink.shape)}")
     if topk_idxs.dim() != 3 or tuple(topk_idxs.shape[:2]) != (b, s):
@@ -509,13 +521,7 @@ def sparse_attn(
         _launch_gluon(q, kv, sink, topk_idxs, dst, out, softmax_scale * LOG2E, per, splits, config)
     else:
         _sparse_attn_kernel[(triton.cdiv(h, ht), b * s, splits)](
-            q, kv, sink, topk_idxs, dst,
-            h, n, topk, s,
-            q.stride(0), q.stride(1), q.stride(2),
-            kv.stride(0), kv.stride(1),
-            topk_idxs.stride(0), topk_idxs.stride(1),
-            out.stride(0), out.stride(1), out.stride(2),
-            softmax_scale * LOG2E, per,
+            *kernel_args(q, kv, sink, topk_idxs, dst, out, softmax_scale * LOG2E, per),
             D=d, BD=bd, HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab, SPLIT_OUT=splits > 1,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )

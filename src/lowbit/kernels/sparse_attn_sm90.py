@@ -184,17 +184,11 @@ def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, p
     """Launch the Gluon kernel (operands validated by `sparse_attn`; d = 512, kv rows 16-byte
     aligned): ``dst`` is ``out`` (bf16 ``[b, s, h, 512]``) or, with ``splits > 1``, the FP32
     workspace ``[b * s, splits, h, 514]``; `per` slots a share (a multiple of block_kv)."""
+    from .sparse_attn import kernel_args  # noqa: PLC0415 (the Triton engine's module imports this one lazily)
+
     b, s, h, _ = q.shape
-    n = kv.shape[1]
-    topk = topk_idxs.shape[2]
     _sparse_attn_sm90_kernel[(triton.cdiv(h, HEADS), b * s, splits)](
-        q, kv, sink, topk_idxs, dst,
-        h, n, topk, s,
-        q.stride(0), q.stride(1), q.stride(2),
-        kv.stride(0), kv.stride(1),
-        topk_idxs.stride(0), topk_idxs.stride(1),
-        out.stride(0), out.stride(1), out.stride(2),
-        qk_scale, per,
+        *kernel_args(q, kv, sink, topk_idxs, dst, out, qk_scale, per),
         BK=block_kv, STAGES=stages, SPLIT_OUT=splits > 1, num_warps=8,
     )
 
