@@ -259,6 +259,13 @@ def test_gluon_split_k_rule():
         for want in range(1, 20):
             per, split = split_blocks(nk, want)
             assert per % 2 == 0 and (split - 1) * per < nk <= split * per and split <= max(1, want)
+            per, split = split_blocks(nk, want, even=False)  # the Triton and mma engines' splits
+            assert per == -(-nk // min(want, nk)) and (split - 1) * per < nk <= split * per
+    assert split_blocks(10, 4, even=False) == (3, 4) and split_blocks(10, 4) == (4, 3)
+    out = torch.empty(5, 7, dtype=torch.bfloat16)
+    assert fp8_mod.splitk_destination(out, 1) == (out, 0, 7)
+    ws, s_stride, m_stride = fp8_mod.splitk_destination(out, 3)
+    assert ws.shape == (3, 5, 7) and ws.dtype == torch.float32 and (s_stride, m_stride) == (35, 7)
 
 
 def test_ws_group_m_rule():
@@ -747,6 +754,9 @@ def test_fp4_gemm_env_override_engine(monkeypatch):
     assert (c.block_m, c.block_n, c.num_warps, c.num_stages, c.swap_ab, c.split_k) == (192, 128, 12, 4, False, 1)
     small = fp4_gemm_config(16, 2304, 5120)  # decode: the 64x128 Gluon tile, K split
     assert small.engine == "fold" and (small.block_m, small.swap_ab, small.split_k) == (64, False, 4), small
+    monkeypatch.setenv("LOWBIT_FP4_GEMM_SPLIT_K", "3")  # an asked-for split survives onto the fold tile
+    assert fp4_gemm_config(16, 2304, 5120).split_k == 3
+    monkeypatch.delenv("LOWBIT_FP4_GEMM_SPLIT_K")
     act32 = fp4_gemm_config(4096, 2304, 5120, 32)
     assert act32.engine == "triton" and act32.k_step == 32 and "act_block_size 128" in act32.reason
     monkeypatch.setenv("LOWBIT_FP4_GEMM_ENGINE", "triton")

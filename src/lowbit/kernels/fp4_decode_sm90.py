@@ -48,7 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .fp8_gemm import splitk_reduce
+from .fp8_gemm import split_blocks, splitk_destination, splitk_reduce
 
 __all__ = ["STEP_K", "decode_mma_launch", "decode_mma_problem", "compile_configs"]
 
@@ -266,13 +266,8 @@ def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: in
     k_steps = k // STEP_K
     if a_s.stride(1) != 1:  # the kernel steps along a scale row with unit stride
         a_s = a_s.contiguous()
-    per = triton.cdiv(k_steps, max(1, min(split_k, k_steps)))
-    split = triton.cdiv(k_steps, per)
-    if split > 1:
-        ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
-        dst, stride_cs, stride_cm = ws, ws.stride(0), ws.stride(1)
-    else:
-        dst, stride_cs, stride_cm = out, 0, out.stride(0)
+    per, split = split_blocks(k_steps, split_k, even=False)
+    dst, stride_cs, stride_cm = splitk_destination(out, split)
     grid = (triton.cdiv(n, 16 * num_warps), split)
     a4, b4, bs4 = a.view(torch.int32), b.view(torch.int32), b_s.view(torch.int32)
     _fp4_decode_kernel[grid](
@@ -281,7 +276,7 @@ def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: in
         COLS=cols, STAGES=stages, SPLIT_OUT=split > 1, B_SMEM=b_in_smem(cols), num_warps=num_warps,
     )
     if split > 1:
-        splitk_reduce(ws, out)
+        splitk_reduce(dst, out)
 
 
 # =========================================================================== compile tier

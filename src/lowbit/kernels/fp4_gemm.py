@@ -95,7 +95,6 @@ The direct kernel's tiles come from the compile tier's register and shared-memor
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -119,11 +118,12 @@ from .fp8_gemm import (
     launch_block_scaled,
     num_sms,
     scales_fp32,
+    split_blocks,
     split_k_for,
     store_block_scaled_tile,
 )
 from .sm90 import is_sm90_native, require_sm90, tma_problem
-from .tuning import apply_env_overrides, env_key, override_names
+from .tuning import apply_env_overrides, env_key, override_names, overridden
 
 __all__ = ["fp4_gemm", "fold_fp4_weight", "FoldedFp4Weight", "fp4_gemm_config", "explain_fp4_gemm_config", "ENV_OVERRIDES", "WEIGHT_GROUP"]
 
@@ -407,8 +407,7 @@ def _mma_config(m: int, n: int, k: int, sms: int) -> BlockScaledConfig:
     cols, warps, stages = DECODE_MMA_TILES[max(16, triton.next_power_of_2(m))]
     programs = triton.cdiv(n, 16 * warps)
     steps = k // 128
-    per = triton.cdiv(steps, max(1, min(steps, triton.cdiv(7 * sms, 2 * programs))))
-    split = triton.cdiv(steps, per)
+    per, split = split_blocks(steps, triton.cdiv(7 * sms, 2 * programs), even=False)
     return BlockScaledConfig(cols, 16 * warps, warps, stages, True, split_k=split, k_step=128, engine="mma", reason=(
         f"decode M={m} on sm_90: mma engine (f16 mma.sync on exact E2M1 / E4M3 values, group and block scales "
         f"in FP32), {16 * warps} weight rows x {cols} activation rows a program; {programs} programs x split K "
@@ -473,7 +472,7 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: 
             and (cfg.split_k == 1 or cfg.block_m == 64) and cfg.k_step == 128:
         return cfg
     base = _fold_config(m, n, k, sms, f"{cfg.reason}; fold runs a tile of fp8_gemm_sm90.GLUON_TILES")
-    if os.environ.get("LOWBIT_FP4_GEMM_SPLIT_K") and base.block_m == 64:
+    if overridden("FP4_GEMM", "split_k") and base.block_m == 64:
         base = replace(base, split_k=cfg.split_k)  # an asked-for split survives onto the 64x128 tile
     return base
 

@@ -47,8 +47,6 @@ the split-K rule and the split-K reduction.
 
 from __future__ import annotations
 
-import os
-
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -59,7 +57,7 @@ import triton.language as tl
 from ..formats.fp8 import e8m0_decode
 from . import numerics
 from .sm90 import H200_NUM_SMS, is_sm90_native, require_sm90, tma_problem
-from .tuning import apply_env_overrides, env_key, override_names
+from .tuning import apply_env_overrides, env_key, override_names, overridden
 
 __all__ = [
     "ENV_OVERRIDES",
@@ -150,6 +148,16 @@ def _splitk_reduce_kernel(ws_ptr, c_ptr, M, N, split_k, stride_cm, BLOCK: tl.con
 _REDUCE_BLOCK = 1024
 
 
+def splitk_destination(out: torch.Tensor, split: int) -> tuple[torch.Tensor, int, int]:
+    """Where a split-K kernel writes: ``out`` itself (one split: bf16, no share stride) or a
+    fresh FP32 workspace ``[split, M, N]`` that `splitk_reduce` then sums into ``out``.
+    Returns (dst, share stride, row stride)."""
+    if split == 1:
+        return out, 0, out.stride(0)
+    ws = torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
+    return ws, ws.stride(0), ws.stride(1)
+
+
 def splitk_reduce(ws: torch.Tensor, out: torch.Tensor) -> None:
     """Sum the FP32 shares ``ws [S, M, N]`` (contiguous) into ``out`` (bf16, rows strided)."""
     s, m, n = ws.shape
@@ -216,12 +224,13 @@ def split_k_for(programs: int, k_steps: int, sms: int, m_pad: int, n: int, weigh
     return split, f"{programs} programs < {sms} SMs: split K {split} ways ({per} steps each)"
 
 
-def split_blocks(k_blocks: int, split_k: int) -> tuple[int, int]:
-    """(blocks a split, splits) of `fp8_gemm_sm90`'s 64x128 kernel for `k_blocks` 128-K blocks
-    and `split_k` asked: an even count a split (the kernel multiplies blocks in pairs, so only
-    the last split may end on the zero-filled phantom block), the splits equalized."""
+def split_blocks(k_blocks: int, split_k: int, even: bool = True) -> tuple[int, int]:
+    """(blocks a split, splits) for `k_blocks` K steps and `split_k` splits asked: the splits
+    equalized, none empty; with `even`, an even count a split (`fp8_gemm_sm90`'s 64x128 kernel
+    multiplies blocks in pairs, so only the last split may end on the zero-filled phantom
+    block)."""
     per = triton.cdiv(k_blocks, max(1, min(split_k, k_blocks)))
-    per += per % 2
+    per += per % 2 if even else 0
     return per, triton.cdiv(k_blocks, per)
 
 
@@ -330,7 +339,7 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, gluon_cfg: BlockScaledConfig | N
         return cfg
     if gluon_cfg is not None:
         split = gluon_cfg.split_k
-        if os.environ.get("LOWBIT_FP8_GEMM_SPLIT_K") and gluon_cfg.block_m == 64:
+        if overridden("FP8_GEMM", "split_k") and gluon_cfg.block_m == 64:
             split = cfg.split_k
         return replace(gluon_cfg, split_k=split, reason=f"{cfg.reason}; gluon: {gluon_cfg.reason}, split_k {split}")
     bm, bn, warps, stages = next(t for t in GLUON_TILES if t[0] == (128 if m > 128 else 64))
@@ -489,22 +498,16 @@ def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: 
 def launch_block_scaled(kernel, operands, out, m, n, k_steps, config, strides, constexprs, k) -> None:
     """Launch `kernel` over (M tiles, N tiles, K splits); with split_k > 1 into an FP32
     workspace, then `splitk_reduce` into `out`. Shared by fp8_gemm and fp4_gemm."""
-    split = max(1, min(config.split_k, k_steps))
-    per = triton.cdiv(k_steps, split)
-    split = triton.cdiv(k_steps, per)
+    per, split = split_blocks(k_steps, config.split_k, even=False)
     grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), split)
-    if split > 1:
-        ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
-        dst, stride_cs, stride_cm = ws, ws.stride(0), ws.stride(1)
-    else:
-        dst, stride_cs, stride_cm = out, 0, out.stride(0)
+    dst, stride_cs, stride_cm = splitk_destination(out, split)
     kernel[grid](
         *operands, dst, m, n, k, per, *strides, stride_cs, stride_cm,
         BM=config.block_m, BN=config.block_n, SWAP_AB=config.swap_ab, SPLIT_OUT=split > 1,
         **constexprs, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:
-        splitk_reduce(ws, out)
+        splitk_reduce(dst, out)
 
 
 # --------------------------------------------------------------------------- compile tier

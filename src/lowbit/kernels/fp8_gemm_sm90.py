@@ -482,14 +482,10 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         )
         return
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
-    from .fp8_gemm import split_blocks, splitk_reduce  # noqa: PLC0415 (fp8_gemm imports this module lazily)
+    from .fp8_gemm import split_blocks, splitk_destination, splitk_reduce  # noqa: PLC0415 (fp8_gemm imports this module lazily)
 
     per, split = split_blocks(triton.cdiv(k, _BK), split_k)
-    if split > 1:
-        ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
-        dst, stride_cs, stride_cm = ws, ws.stride(0), ws.stride(1)
-    else:
-        dst, stride_cs, stride_cm = out, 0, out.stride(0)
+    dst, stride_cs, stride_cm = splitk_destination(out, split)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     _fp8_gemm_sm90_kernel[grid](
         a_desc, b_desc, s_desc, a_s, b_s, dst, m, n, k, per,
@@ -497,7 +493,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         STAGES=stages, num_warps=num_warps, B_SCALE_PER_ROW=b_scale_per_row, SPLIT_OUT=split > 1,
     )
     if split > 1:
-        splitk_reduce(ws, out)
+        splitk_reduce(dst, out)
 
 
 def compile_configs():

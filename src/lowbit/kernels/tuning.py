@@ -15,7 +15,7 @@ import dataclasses
 import os
 from typing import Any, TypeVar
 
-__all__ = ["override_names", "env_key", "parse_override", "apply_env_overrides"]
+__all__ = ["override_names", "env_key", "overridden", "parse_override", "apply_env_overrides"]
 
 C = TypeVar("C")
 
@@ -26,6 +26,12 @@ _FALSE = ("0", "false", "no")
 def override_names(family: str, fields: tuple[str, ...]) -> list[str]:
     """``LOWBIT_<FAMILY>_<FIELD>`` for each field (the documented knobs of a family)."""
     return [f"LOWBIT_{family}_{f.upper()}" for f in fields]
+
+
+def overridden(family: str, field: str) -> bool:
+    """Whether ``LOWBIT_<FAMILY>_<FIELD>`` is set: a heuristic that moves a config onto another
+    engine's tile keeps the fields the user asked for."""
+    return bool(os.environ.get(override_names(family, (field,))[0]))
 
 
 def env_key(family: str, fields: tuple[str, ...]) -> tuple[str, ...]:
