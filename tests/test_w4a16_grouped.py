@@ -119,6 +119,28 @@ def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
     assert (out.cpu()[~valid].float() > 1e30).all(), "rows past masked_m must not be written"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", [(256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2)], ids=lambda t: f"{t[1]}rows")
+def test_masked_split_tiles_match_reference(tile, gen):
+    """EXPERIMENTAL (branch split-row-tiles): the masked tiles whose rows are not a power of two
+    (`w4a16_sm90.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows): max_m = 200
+    is not a multiple of the tile (a tile crosses into the next slab), counts 0, max_m, a few rows,
+    one row past a tile and one above max_m; K off the 256-wide step; N off the weight tile."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the split tiles are sm_90 kernels")
+    from lowbit.kernels.w4a16_sm90 import w4a16_grouped_split_launch
+
+    g, n, k, max_m = 5, 264, 800, 200
+    wq, pw = _weights(g, n, k, gen, "masked", "cuda")
+    a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, tile[1] + 1, max_m + 9], gen, "cuda")
+    out = poison_(torch.empty(g * max_m, n, dtype=torch.bfloat16, device="cuda"))
+    w4a16_grouped_split_launch(a3.view(g * max_m, k), pw, mm, out, tile, max_m)
+    ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
+    valid = (torch.arange(max_m)[None, :] < mm.cpu().clamp(max=max_m)[:, None]).reshape(-1)
+    assert_close(out.cpu()[valid].float(), ref.reshape(g * max_m, n)[valid], "bf16_out", f"{tile[1]}-row tile")
+    assert (out.cpu()[~valid].float() > 1e30).all(), "rows past masked_m must not be written"
+
+
 def test_gluon_engine_contract(gen, monkeypatch):
     """engine='gluon': never under the interpreter / on the CPU; the
     LOWBIT_W4A16_GROUPED_ENGINE switch maps each mode to a Gluon tile (128 rows contiguous,

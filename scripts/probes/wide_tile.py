@@ -137,6 +137,30 @@ def _indexed_blocks(experts: int, t: int, proj, tiles, gen) -> None:
         _report(f"indexed E{experts} {t} tokens {proj_name}", 2 * t * 8 * n * kk, runs)
 
 
+def split() -> None:
+    """EXPERIMENTAL (branch split-row-tiles): masked tiles of 48 / 80 / 96 rows (two accumulators)
+    against the 64-row four-warpgroup tile, valid rows compared bit for bit."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    max_m = 256
+    for tok, tiles in ((32, ((256, 64, 16, 3), (256, 48, 16, 3))), (64, ((256, 64, 16, 3), (256, 80, 16, 2))),
+                       (64, ((256, 64, 16, 3), (256, 96, 16, 2)))):
+        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        valid = (torch.arange(max_m, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+            a = torch.randn(E * max_m, kk, device="cuda").to(torch.bfloat16)
+            runs = {}
+            for tile in tiles:
+                out = torch.zeros(a.shape[0], n, dtype=torch.bfloat16, device="cuda")
+                if tile[1] & (tile[1] - 1):
+                    fn = lambda o=out, t=tile: k.w4a16_grouped_split_launch(a, w, counts, o, t, max_m)  # noqa: E731
+                else:
+                    fn = lambda o=out, t=tile: k.w4a16_grouped_sm90_launch(a, w, counts, o, t, max_m, regs_a=True)  # noqa: E731
+                fn()
+                runs[f"{tile[0]}x{tile[1]}"] = (_us(fn), out[valid].clone())
+            _report(f"masked {tok} tok/expert {proj}", 2 * int(counts.sum()) * n * kk, runs)
+
+
 def rows() -> None:
     """The activation rows of a tile: fewer padded rows against more weight re-reads."""
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -197,4 +221,5 @@ if __name__ == "__main__":
         ab(sys.argv[2])
     else:
         for what in sys.argv[1:] or ["contiguous", "masked", "indexed"]:
-            {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts, "rows": rows}[what]()
+            {"contiguous": contiguous, "masked": masked, "indexed": indexed, "fewer": fewer_experts, "rows": rows,
+             "split": split}[what]()

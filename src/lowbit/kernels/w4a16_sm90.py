@@ -81,8 +81,8 @@ from .sm90 import H200_NUM_SMS
 from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
-           "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop", "wide_tile_pays",
-           "w4a16_grouped_sm90_launch", "w4a16_indexed_sm90_launch"]
+           "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop", "wide_tile_pays",
+           "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
 #: wgmma M side; 128 activation rows = one contiguous segment. Shared memory a stage: packed
@@ -140,6 +140,11 @@ GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8)
 #: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
 #: register-A tiles, the routed rows gathered by the producer warp's cp.async.
 INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8)
+#: EXPERIMENTAL (branch split-row-tiles, compiled, not yet run): four-warpgroup masked tiles
+#: whose rows are not a power of two (`_w4a16_grouped_split_kernel`), (weight rows, rows,
+#: warps, stages): 48 = 32 + 16 for 32 tok/expert (22-42 rows), 80 = 64 + 16 and 96 = 64 + 32
+#: for 64 tok/expert (45-83 rows). Humming 0.1.20 picks 40-48 and 80-88-row tiles there.
+GLUON_SPLIT_TILES = ((256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 #: Registers of `_ws_mainloop`'s producer warp (setmaxnreg): it only computes TMA coordinates.
 _WS_LOAD_REGS = gl.constexpr(40)
@@ -642,6 +647,77 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
 
 
 @gluon.jit
+def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr, mma2: gl.constexpr,
+                       STAGES: gl.constexpr):
+    """`_rs_groups_mainloop` (grouped layouts, TMA activations) for a row tile that is not a power
+    of two, BR = BR_HI + BR_LO (48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32): Gluon tensors and
+    shared buffers must have power-of-two shapes, so the rows are two rings and two
+    accumulators, and each group's fragment feeds two wgmmas (N = BR_HI and N = BR_LO; the
+    fragment's layout is the same registers under either parent, so the conversion is free).
+    Returns the two FP32 accumulators ``[BW, BR_HI]`` (rows ``r0 ..``) and ``[BW, BR_LO]``
+    (rows ``r0 + BR_HI ..``). EXPERIMENTAL (branch split-row-tiles): compiled, not yet run."""
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    dot_a2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
+    rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    BR_HI: gl.constexpr = x_desc.block_type.shape[1]
+    BR_LO: gl.constexpr = x2_desc.block_type.shape[1]
+    xs = _act_ring(x_desc, BR_HI, STAGES, False)
+    xs2 = _act_ring(x2_desc, BR_LO, STAGES, False)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(xready.index(i), count=1)
+    act_bytes: gl.constexpr = x_desc.block_type.nbytes + x2_desc.block_type.nbytes
+
+    nk = gl.cdiv(K, 256)
+    for i in gl.static_range(STAGES):
+        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
+        # one expect for both boxes: an expect is an arrive, and the barrier counts one
+        mbarrier.expect(xready.index(i), act_bytes, pred=i < nk)
+        tma.async_copy_global_to_shared(x_desc, [i * _GROUPS, r0, 0], xready.index(i), _stage_boxes(xs, i), pred=i < nk)
+        tma.async_copy_global_to_shared(x2_desc, [i * _GROUPS, r0 + BR_HI, 0], xready.index(i), _stage_boxes(xs2, i),
+                                        pred=i < nk)
+
+    acc = gl.zeros([BW, BR_HI], gl.float32, mma)
+    acc2 = gl.zeros([BW, BR_LO], gl.float32, mma2)
+    for kt in range(nk):
+        s = kt % STAGES
+        ph = (kt // STAGES) & 1
+        mbarrier.wait(wready.index(s), ph)
+        mbarrier.wait(xready.index(s), ph)
+        scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
+        words = wring.index(s).load(dot_a)
+        prev = _dequant_group_regs(words, scales, 0, rows_l)
+        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+        acc2 = warpgroup_mma(gl.convert_layout(prev, dot_a2), xs2.index(s * _GROUPS).permute((1, 0)), acc2,
+                             is_async=True)
+        for g in gl.static_range(1, _GROUPS):
+            w = _dequant_group_regs(words, scales, g, rows_l)
+            done = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, prev))
+            acc = done[0]
+            acc2 = done[1]
+            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+            acc2 = warpgroup_mma(gl.convert_layout(w, dot_a2), xs2.index(s * _GROUPS + g).permute((1, 0)), acc2,
+                                 is_async=True)
+            prev = w
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, prev))
+        acc = done[0]
+        acc2 = done[1]
+        gl.thread_barrier()  # every warpgroup is done with stage s
+        nxt = kt + STAGES
+        _load_weights(w_desc, s_desc, wrow, srow, n0, nxt, wready.index(s), wring, sring, s, nxt < nk)
+        mbarrier.expect(xready.index(s), act_bytes, pred=nxt < nk)
+        tma.async_copy_global_to_shared(x_desc, [nxt * _GROUPS, r0, 0], xready.index(s), _stage_boxes(xs, s),
+                                        pred=nxt < nk)
+        tma.async_copy_global_to_shared(x2_desc, [nxt * _GROUPS, r0 + BR_HI, 0], xready.index(s),
+                                        _stage_boxes(xs2, s), pred=nxt < nk)
+    _rs_rings_done(wready, xready, STAGES, False)
+    return acc, acc2
+
+
+@gluon.jit
 def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
                       BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
     """Consumer warpgroups of `_ws_mainloop`: `_rs_mainloop`'s arithmetic (dequantize step k+1
@@ -783,6 +859,33 @@ def _w4a16_grouped_rs_kernel(
         acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
                            BR, STAGES, False, mma)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+
+
+@gluon.jit
+def _w4a16_grouped_split_kernel(
+    x_desc, x2_desc, w_desc, s_desc, c_ptr, route_ptr,
+    N, K, max_m, stride_cm,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
+):
+    """`_w4a16_grouped_rs_kernel` on a row tile BR_HI + BR_LO that is not a power of two (the
+    four-warpgroup main loop `_rs_split_mainloop`): an expert of masked 32 tok/expert (22-42
+    rows) fits one 48-row tile instead of padding to 64. EXPERIMENTAL: compiled, not yet run."""
+    BR_HI: gl.constexpr = x_desc.block_type.shape[1]
+    BR_LO: gl.constexpr = x2_desc.block_type.shape[1]
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, r0, valid, live = _grouped_block(route_ptr, pid_r, max_m, BR_HI + BR_LO, MASKED)
+    if not live:
+        return
+    n0 = pid_n * BW
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR_HI, 16])
+    mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                   instr_shape=[16, BR_LO, 16])
+    acc, acc2 = _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
+                                   mma, mma2, STAGES)
+    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+    _grouped_store(acc2, c_ptr, route_ptr, r0 + BR_HI, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
@@ -1085,6 +1188,30 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     )
 
 
+def _split_rows(br: int) -> tuple[int, int]:
+    """A row tile that is not a power of two as (power of two, power of two remainder)."""
+    hi = 1 << (br.bit_length() - 1)
+    lo = br - hi
+    if lo & (lo - 1) or lo < 8:
+        raise ValueError(f"row tile {br} is not a power of two plus a power of two >= 8")
+    return hi, lo
+
+
+def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
+    """`w4a16_grouped_sm90_launch` for a tile of `GLUON_SPLIT_TILES` (masked only: contiguous
+    segments are 128-row aligned, which a 48- to 96-row tile does not divide)."""
+    bw, br, warps, stages = tile
+    if not max_m:
+        raise ValueError(f"the {br}-row split tiles are masked-only (contiguous segments are 128-row aligned)")
+    hi, lo = _split_rows(br)
+    w_desc, s_desc = _weight_descs(w, bw)
+    blocks = w.num_experts * triton.cdiv(max_m, br)
+    _w4a16_grouped_split_kernel[_grid(blocks, triton.cdiv(w.n, bw), True)](
+        _act_desc(a, w.k, hi), _act_desc(a, w.k, lo), w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
+        STAGES=stages, MASKED=True, N_FASTEST=True, num_warps=warps,
+    )
+
+
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
                               regs_a: bool = False, warp_specialize: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
@@ -1154,6 +1281,18 @@ def compile_configs():
                 # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
                 # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS
                 allowed_ptxas=() if rs else ("C7515",)))
+    for bw, br, warps, stages in GLUON_SPLIT_TILES:
+        hi, lo = _split_rows(br)
+        probe = torch.empty(16, 64, dtype=torch.bfloat16)
+        sig = {"x_desc": mangle_type(_act_desc(probe, 64, hi)), "x2_desc": mangle_type(_act_desc(probe, 64, lo)),
+               **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
+               "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "N_FASTEST": "constexpr",
+               "num_warps": "constexpr"}
+        cfgs.append(KernelConfig(
+            f"w4a16_masked_sm90_gluon_split[BW={bw},BR={br},w={warps},stages={stages}]", _w4a16_grouped_split_kernel,
+            sig, {"STAGES": stages, "MASKED": True, "N_FASTEST": True, "num_warps": warps}, num_warps=warps,
+            num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
+            unaligned=("N", "K", "max_m")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
              "gluon_rs": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0"),
              "gluon_ws": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0")}
