@@ -89,7 +89,9 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     slots = gl.arange(0, BK, layout=gl.SliceLayout(0, s_l))
     m_i = gl.full([HT], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
-    l_i = gl.zeros([HT], gl.float32, gl.SliceLayout(1, s_l))
+    # the row sums kept per element and reduced once after the loop: a row's 64 slots span both
+    # warpgroups, so a per-block sum would cost a cross-warpgroup exchange (two barriers) a block
+    l_blk = gl.zeros([HT, BK], gl.float32, s_l)
     acc = gl.zeros([HT, D], gl.float32, o_l)
     nblk = gl.cdiv(hi - lo, BK)
     for j in range(nblk):
@@ -104,12 +106,13 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
         m_new = gl.maximum(m_i, gl.max(s, 1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        l_blk = l_blk * alpha[:, None] + p
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(st), count=1)  # (Gluon syncs the partition's warps first)
+    l_i = gl.sum(l_blk, 1)
     return acc, gl.convert_layout(m_i, gl.SliceLayout(1, o_l)), gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
 
 
