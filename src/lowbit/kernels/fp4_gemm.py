@@ -79,13 +79,13 @@ bytes; k_step from act_block_size. With ``gluon=True`` (the launcher passes `fol
 act_block_size 128 and M > 64 (any M with ``folded=True``: a `FoldedFp4Weight`): the fold
 engine on `fp8_gemm`'s Gluon tile and K split for the shape (`fp8_gemm.gluon_tile`); H200
 (twelfth session, bench beside Humming's W4A8, folded weight): M=16 / 64 / 128 / 4096 1.13 /
-1.15 / 1.21 / 1.23x at (2304, 5120), 1.17 / 1.22 / 1.35 / 1.10x at (5120, 2304); H200 (eleventh session, CUDA graph, beside Humming's
-W4A8): M=4096 (N, K) = (2304, 5120) / (5120, 2304) 120.1 / 122.5 us per call with the fold,
-102.8 / 104.4 on a weight folded once (`fold_fp4_weight`), Humming 122.3 / 116.9; M=128
-38.7 / 31.4, folded 21.4 / 13.7, Humming 19.0 / 18.6. With ``mma=True`` (the launcher passes
-`mma_capable`: an sm_90 GPU, K % 128 == 0, aligned rows), act_block_size 128, M <= 64 and a
-raw weight: the decode mma engine (`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3
-values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split
+1.15 / 1.21 / 1.23x at (2304, 5120), 1.17 / 1.22 / 1.35 / 1.10x at (5120, 2304); H200
+(eleventh session, CUDA graph, beside Humming's W4A8): M=4096 (N, K) = (2304, 5120) / (5120,
+2304) 120.1 / 122.5 us per call with the fold, 102.8 / 104.4 on a weight folded once
+(`fold_fp4_weight`), Humming 122.3 / 116.9; M=128 38.7 / 31.4, folded 21.4 / 13.7, Humming
+19.0 / 18.6. With ``mma=True`` (the launcher passes `mma_capable`: an sm_90 GPU, K % 128 ==
+0, aligned rows), act_block_size 128, M <= 64 and a raw weight: the decode mma engine
+(`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3 values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split
 to ~3.5 programs an SM); H200 (tenth session, CUDA graph, beside Humming's W4A8): M=16 14.1 /
 14.3 us against 35.4 / 43.2 for the direct kernel and 15.0 / 15.1 for Humming; M=64 19.6 /
 19.3 against 67.0 / 59.2 and 16.4 / 16.8. Memoized with the ``LOWBIT_FP4_GEMM_*`` overrides
