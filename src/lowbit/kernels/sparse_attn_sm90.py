@@ -86,7 +86,7 @@ def _gather_partition(kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, 
 
 
 @gluon.jit
-def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale,
+def _attend_partition(q_smem, kv_ring, p_smem, ready, empty, idx_base, N, lo, hi, qk_scale,
                       BK: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     """Consumers (two warpgroups): per block, scores, online softmax, ``acc += P kv``; returns
     the unnormalized ``acc [64, 512]`` and the running max / sum per head (log2 units)."""
@@ -94,10 +94,11 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
     HT: gl.constexpr = q_smem.shape[0]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     slots = gl.arange(0, BK, layout=gl.SliceLayout(0, s_l))
     m_i = gl.full([HT], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
-    l_i = gl.zeros([HT], gl.float32, gl.SliceLayout(1, s_l))
+    # the row sums kept per element and reduced once after the loop: a row's 64 slots span both
+    # warpgroups, so a per-block sum would cost a cross-warpgroup exchange (two barriers) a block
+    l_blk = gl.zeros([HT, BK], gl.float32, s_l)
     acc = gl.zeros([HT, D], gl.float32, o_l)
     nblk = gl.cdiv(hi - lo, BK)
     for j in range(nblk):
@@ -112,12 +113,20 @@ def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_sca
         m_new = gl.maximum(m_i, gl.max(s, 1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        l_blk = l_blk * alpha[:, None] + p
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
+        # P through shared memory as the wgmma A operand: each warpgroup stores its half of the
+        # slots, one barrier, and both read the whole [64, BK] tile (no register round trip;
+        # the previous block's PV has retired in both warpgroups: they met at this block's
+        # row-max exchange)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(p_smem, blk, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(st), count=1)  # (Gluon syncs the partition's warps first)
+    l_i = gl.sum(l_blk, 1)
     return acc, gl.convert_layout(m_i, gl.SliceLayout(1, o_l)), gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
 
 
@@ -155,6 +164,7 @@ def _sparse_attn_sm90_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HT, D], gl.NVMMASharedLayout.get_default_for([HT, D], gl.bfloat16),
                                        q)
     kv_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, D], smem_l)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HT, BK], gl.NVMMASharedLayout.get_default_for([HT, BK], gl.bfloat16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -163,7 +173,8 @@ def _sparse_attn_sm90_kernel(
     fence_async_shared()  # q's generic-proxy store before the wgmmas read it
 
     acc, m_i, l_i = gl.warp_specialize([
-        (_attend_partition, (q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, BK, STAGES, num_warps)),
+        (_attend_partition, (q_smem, kv_ring, p_smem, ready, empty, idx_base, N, lo, hi, qk_scale, BK, STAGES,
+                             num_warps)),
         (_gather_partition, (kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, empty, BK, STAGES)),
     ], [_LOAD_WARPS.value], [_LOAD_REGS.value])
 
