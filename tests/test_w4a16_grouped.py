@@ -122,7 +122,7 @@ def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", [(256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2)], ids=lambda t: f"{t[1]}rows")
 def test_masked_split_tiles_match_reference(tile, gen):
-    """EXPERIMENTAL (branch split-row-tiles): the masked tiles whose rows are not a power of two
+    """The masked tiles whose rows are not a power of two
     (`w4a16_sm90.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows): max_m = 200
     is not a multiple of the tile (a tile crosses into the next slab), counts 0, max_m, a few rows,
     one row past a tile and one above max_m; K off the 256-wide step; N off the weight tile."""

@@ -70,7 +70,7 @@ def ab(old_file):
     import lowbit.kernels.sparse_attn as sa
     import lowbit.kernels.sparse_attn_sm90 as sm90
 
-    spec = importlib.util.spec_from_file_location("sparse_attn_sm90_old", old_file)
+    spec = importlib.util.spec_from_file_location("lowbit.kernels.sparse_attn_sm90_old", old_file)  # relative imports resolve
     old = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = old
     spec.loader.exec_module(old)

@@ -138,7 +138,7 @@ def _indexed_blocks(experts: int, t: int, proj, tiles, gen) -> None:
 
 
 def split() -> None:
-    """EXPERIMENTAL (branch split-row-tiles): masked tiles of 48 / 80 / 96 rows (two accumulators)
+    """Masked tiles of 48 / 80 / 96 rows (two accumulators)
     against the 64-row four-warpgroup tile, valid rows compared bit for bit."""
     gen = torch.Generator(device="cuda").manual_seed(7)
     max_m = 256

@@ -34,8 +34,12 @@ split 1 / 4: 90.7 / 88.5), prefill (b=1, s=1024) 709 against 1095; 32-slot block
 80.5 / 984. What bounds it (decode, same probe): 64.4 us without the gather, 53.0 without
 either product: the consumers' serial block sequence (scores, wait, two cross-warpgroup
 exchanges, exp2, P through shared memory, PV, wait, release; about ten partition barriers a
-block). Gluon does not run under the Triton interpreter, where the Triton kernel stays the
-path.
+block). Thirteenth session: the softmax row sums kept per element and reduced once after the
+loop (one cross-warpgroup exchange a block fewer; 8 partition barriers a block in the PTX):
+decode 65.3 -> 63.6 us, prefill 706.0 -> 663.6 (`sparse_attn_engines.py ab`, same process).
+Passing P to the PV wgmma through shared memory as its A operand (stmatrix, 5 barriers a
+block, 205 KB of shared memory) measured the same (63.9 / 657.5 us) and was not kept. Gluon
+does not run under the Triton interpreter, where the Triton kernel stays the path.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def _gather_partition(kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, 
 
 
 @gluon.jit
-def _attend_partition(q_smem, kv_ring, p_smem, ready, empty, idx_base, N, lo, hi, qk_scale,
+def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale,
                       BK: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     """Consumers (two warpgroups): per block, scores, online softmax, ``acc += P kv``; returns
     the unnormalized ``acc [64, 512]`` and the running max / sum per head (log2 units)."""
@@ -94,6 +98,7 @@ def _attend_partition(q_smem, kv_ring, p_smem, ready, empty, idx_base, N, lo, hi
     HT: gl.constexpr = q_smem.shape[0]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     slots = gl.arange(0, BK, layout=gl.SliceLayout(0, s_l))
     m_i = gl.full([HT], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
     # the row sums kept per element and reduced once after the loop: a row's 64 slots span both
@@ -116,14 +121,7 @@ def _attend_partition(q_smem, kv_ring, p_smem, ready, empty, idx_base, N, lo, hi
         l_blk = l_blk * alpha[:, None] + p
         m_i = m_new
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        # P through shared memory as the wgmma A operand: each warpgroup stores its half of the
-        # slots, one barrier, and both read the whole [64, BK] tile (no register round trip;
-        # the previous block's PV has retired in both warpgroups: they met at this block's
-        # row-max exchange)
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        acc = warpgroup_mma(p_smem, blk, acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(st), count=1)  # (Gluon syncs the partition's warps first)
     l_i = gl.sum(l_blk, 1)
@@ -164,7 +162,6 @@ def _sparse_attn_sm90_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [HT, D], gl.NVMMASharedLayout.get_default_for([HT, D], gl.bfloat16),
                                        q)
     kv_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, D], smem_l)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [HT, BK], gl.NVMMASharedLayout.get_default_for([HT, BK], gl.bfloat16))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -173,8 +170,7 @@ def _sparse_attn_sm90_kernel(
     fence_async_shared()  # q's generic-proxy store before the wgmmas read it
 
     acc, m_i, l_i = gl.warp_specialize([
-        (_attend_partition, (q_smem, kv_ring, p_smem, ready, empty, idx_base, N, lo, hi, qk_scale, BK, STAGES,
-                             num_warps)),
+        (_attend_partition, (q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, BK, STAGES, num_warps)),
         (_gather_partition, (kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, empty, BK, STAGES)),
     ], [_LOAD_WARPS.value], [_LOAD_REGS.value])
 

@@ -139,11 +139,14 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         bm = _tile_for_rows(1.3 * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
+    split = 0
     if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
-        from .w4a16_sm90 import wide_tile_pays
+        from .w4a16_sm90 import split_tile_rows, wide_tile_pays
 
+        # masked past 64 expected rows: one split tile an expert (80 / 96 rows) instead of two 64-row ones
+        split = split_tile_rows(1.3 * expected_m) if mode == "masked" else 0
         # the Gluon contiguous tile takes whole 128-row segments; masked: the live blocks of each expert
-        row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // bm))
+        row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // (split or bm)))
         if wide_tile_pays(row_blocks, n):
             cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 256 weight rows a "
                           "CTA (H200 EP8: 1.03-1.19x the warp-specialized 128-row tile, which is 1.09-1.20x the "
@@ -157,14 +160,24 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
                       "the Triton kernel at 8-32 tok/expert)")
     # the block_m override (first field of the env key) pins the Gluon tile's rows too; an
     # engine override replaces the default engine (the Triton tile is the base config)
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env), n)
+    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env)
+    if split and cfg.engine == "gluon_rs" and cfg.block_n == 256 and not env[0]:
+        # the split tile only where the four-warpgroup kernel runs and no BLOCK_M was asked for
+        bw, br, warps, stages = pick_gluon_tile(_engine_tiles("gluon_rs", mode), split, cfg, env)
+        cfg = replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages,
+                      reason=f"{cfg.reason}; {br}-row split tile, one tile an expert instead of two 64-row ones "
+                      f"(H200 EP8 64 tok/expert: 1.15-1.20x): {bw}x{br}, {stages} stages")
+    return avoid_miscompile(cfg, n)
 
 
-def _engine_tiles(engine: str) -> tuple:
-    """The (weight rows, rows, warps, stages) tiles a Gluon engine's kernel is built for."""
-    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES
+def _engine_tiles(engine: str, mode: str) -> tuple:
+    """The (weight rows, rows, warps, stages) tiles a Gluon engine's kernel is built for; masked
+    register-A adds the split tiles (rows not a power of two, which 128-row contiguous segments
+    do not divide)."""
+    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_SPLIT_TILES, GLUON_TILES, GLUON_WS_TILES
 
-    return {"gluon": GLUON_TILES, "gluon_rs": GLUON_RS_TILES, "gluon_ws": GLUON_WS_TILES}[engine]
+    split = GLUON_SPLIT_TILES if engine == "gluon_rs" and mode == "masked" else ()
+    return {"gluon": GLUON_TILES, "gluon_rs": GLUON_RS_TILES, "gluon_ws": GLUON_WS_TILES}[engine] + split
 
 
 def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
@@ -177,7 +190,7 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
         return cfg
     if cfg.engine not in GLUON_ENGINES:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
-    tiles = _engine_tiles(cfg.engine)
+    tiles = _engine_tiles(cfg.engine, mode)
     if env[0] or mode == "masked":  # env[0]: the BLOCK_M override
         # the smallest tile row count holding the M tile (register-A: 16 to 128 rows)
         rows = min((t[1] for t in tiles if t[1] >= cfg.block_m), default=max(t[1] for t in tiles))
@@ -292,10 +305,10 @@ def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int =
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers;
     ``gluon_ws``: in registers, with a producer warp issuing the loads."""
     require_sm90(a.device, mode)
-    from .w4a16_sm90 import w4a16_grouped_sm90_launch
+    from .w4a16_sm90 import GLUON_SPLIT_TILES, w4a16_grouped_sm90_launch, w4a16_grouped_split_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
-    tiles = _engine_tiles(config.engine)
+    tiles = _engine_tiles(config.engine, mode)
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     if tile not in tiles or not config.swap_ab:
         raise ValueError(f"{mode}: the {config.engine} engine runs the tiles (weight rows, rows, warps, stages) in "
@@ -303,7 +316,10 @@ def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int =
     why = tma_problem(a, "the activations")
     if why:
         raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
-    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=config.engine == "gluon_ws")
+    if tile in GLUON_SPLIT_TILES:
+        w4a16_grouped_split_launch(a, w, route, out, tile, max_m)
+    else:
+        w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=config.engine == "gluon_ws")
 
 
 def masked(

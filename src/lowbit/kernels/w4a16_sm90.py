@@ -81,7 +81,8 @@ from .sm90 import H200_NUM_SMS
 from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
-           "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop", "wide_tile_pays",
+           "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
+           "split_tile_rows", "wide_tile_pays",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -140,10 +141,15 @@ GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8)
 #: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
 #: register-A tiles, the routed rows gathered by the producer warp's cp.async.
 INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8)
-#: EXPERIMENTAL (branch split-row-tiles, compiled, not yet run): four-warpgroup masked tiles
-#: whose rows are not a power of two (`_w4a16_grouped_split_kernel`), (weight rows, rows,
-#: warps, stages): 48 = 32 + 16 for 32 tok/expert (22-42 rows), 80 = 64 + 16 and 96 = 64 + 32
-#: for 64 tok/expert (45-83 rows). Humming 0.1.20 picks 40-48 and 80-88-row tiles there.
+#: Four-warpgroup masked tiles whose rows are not a power of two (`_w4a16_grouped_split_kernel`,
+#: two accumulators), (weight rows, rows, warps, stages): 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32.
+#: Humming 0.1.20 picks 40-48 and 80-88-row tiles there. H200, thirteenth session
+#: (`scripts/probes/wide_tile.py split`, same process, bit-identical valid rows, us, gate_up / down,
+#: against the 256x64 tile, which runs a second row block for an expert past 64 rows):
+#: 64 tok/expert (45-83 rows) 256x80 574.0 / 309.2 vs 687.2 / 365.1 (1.20x / 1.18x), 256x96
+#: 575.8 / 308.8 vs 662.0 / 367.6 (1.15x / 1.19x); 32 tok/expert (22-42 rows) 256x48 441.7 /
+#: 254.9 vs 429.5 / 246.0 (0.97x / 0.96x: two wgmmas a group cost more than 16 padded rows), so
+#: `split_tile_rows` picks them only past 64 rows.
 GLUON_SPLIT_TILES = ((256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 #: Registers of `_ws_mainloop`'s producer warp (setmaxnreg): it only computes TMA coordinates.
@@ -655,7 +661,7 @@ def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, m
     accumulators, and each group's fragment feeds two wgmmas (N = BR_HI and N = BR_LO; the
     fragment's layout is the same registers under either parent, so the conversion is free).
     Returns the two FP32 accumulators ``[BW, BR_HI]`` (rows ``r0 ..``) and ``[BW, BR_LO]``
-    (rows ``r0 + BR_HI ..``). EXPERIMENTAL (branch split-row-tiles): compiled, not yet run."""
+    (rows ``r0 + BR_HI ..``)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     dot_a2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
@@ -869,7 +875,8 @@ def _w4a16_grouped_split_kernel(
 ):
     """`_w4a16_grouped_rs_kernel` on a row tile BR_HI + BR_LO that is not a power of two (the
     four-warpgroup main loop `_rs_split_mainloop`): an expert of masked 32 tok/expert (22-42
-    rows) fits one 48-row tile instead of padding to 64. EXPERIMENTAL: compiled, not yet run."""
+    rows) fits one 48-row tile instead of padding to 64; one of 64 tok/expert (45-83) one 80-row
+    tile instead of two 64-row ones."""
     BR_HI: gl.constexpr = x_desc.block_type.shape[1]
     BR_LO: gl.constexpr = x2_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
@@ -1186,6 +1193,15 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
         x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
         STAGES=stages, MASKED=bool(max_m), N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
+
+
+def split_tile_rows(rows: float) -> int:
+    """The masked split tile's row count for an expert of about `rows` rows (expected rows times
+    the spread), 0 where a power-of-two tile serves: only past 64 rows (measured above:
+    `GLUON_SPLIT_TILES`), the smallest split tile that holds them."""
+    if rows <= 64:
+        return 0
+    return min((t[1] for t in GLUON_SPLIT_TILES if t[1] >= rows), default=0)
 
 
 def _split_rows(br: int) -> tuple[int, int]:
