@@ -188,6 +188,26 @@ def test_gluon_engine_contract(gen, monkeypatch):
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
 
 
+def test_masked_split_tile_choice(gen, monkeypatch):
+    """Past 64 expected rows (x1.3 spread) a masked expert takes one 80- or 96-row split tile on
+    the four-warpgroup kernel; at 32 tok/expert the 64-row tile stays (the 48-row one measured
+    slower); a BLOCK_M override pins the rows (48 picks the split tile on sm_90, and is a clear
+    error for the Triton kernels, which have no such tile)."""
+    shape = ("masked", 48 * 256, 4096, 7168, 48)
+    rows = {em: w4a16_grouped_config(*shape, expected_m=em, gluon=True).block_m for em in (32, 48, 50, 64, 74)}
+    assert rows == {32: 64, 48: 64, 50: 80, 64: 96, 74: 64}, rows
+    c = w4a16_grouped_config(*shape, expected_m=64, gluon=True)
+    assert (c.engine, c.block_n, c.num_warps) == ("gluon_rs", 256, 16) and "split tile" in c.reason, c
+    assert w4a16_grouped_config(*shape, expected_m=64, gluon=False).block_m == 64  # off Hopper: Triton's tiles
+    assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True).block_m == 128
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_M", "48")
+    c = w4a16_grouped_config(*shape, expected_m=32, gluon=True)
+    assert (c.engine, c.block_n, c.block_m) == ("gluon_rs", 256, 48), c
+    _, pm = _weights(2, 64, 256, gen, "masked", "cpu")
+    with pytest.raises(ValueError, match="Triton grouped kernels run block_m"):
+        masked(torch.randn(2, 16, 256).to(torch.bfloat16), pm, torch.tensor([3, 5], dtype=torch.int32), 8)
+
+
 def _masked_problem(g, max_m, k, counts, gen, device):
     a3 = torch.randn(g, max_m, k, generator=gen).to(torch.bfloat16)
     return a3.to(device), torch.tensor(counts, dtype=torch.int32, device=device)

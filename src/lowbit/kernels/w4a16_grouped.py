@@ -286,9 +286,7 @@ def contiguous(
     if config.engine in GLUON_ENGINES:
         _launch_gluon("contiguous", a2, w, m_indices, out, config)
         return out
-    if config.engine != "triton":
-        raise ValueError(f"engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
-    config = avoid_miscompile(config, w.n)
+    config = _triton_config(config, w.n)
     grid = (m // config.block_m, triton.cdiv(w.n, config.block_n))
     _w4a16_contiguous_kernel[grid](
         a2, w.qweight, w.scales, out, m_indices,
@@ -298,6 +296,18 @@ def contiguous(
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
+
+
+def _triton_config(config: W4A16Config, n: int) -> W4A16Config:
+    """`config` as the Triton kernels run it: a known engine and a GPU-validated row tile (an
+    override such as ``LOWBIT_W4A16_GROUPED_BLOCK_M=48`` names a Gluon split tile, not one of
+    these), the miscompile work-around applied."""
+    if config.engine != "triton":
+        raise ValueError(f"engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
+    if config.block_m not in VALIDATED_TILES:
+        raise ValueError(f"the Triton grouped kernels run block_m in {sorted(VALIDATED_TILES)}, got {config.block_m} "
+                         "(LOWBIT_W4A16_GROUPED_BLOCK_M?)")
+    return avoid_miscompile(config, n)
 
 
 def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0) -> None:
@@ -370,9 +380,7 @@ def masked(
     if config.engine in GLUON_ENGINES:
         _launch_gluon("masked", a_flat, w, masked_m, out, config, max_m)
         return out
-    if config.engine != "triton":
-        raise ValueError(f"engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
-    config = avoid_miscompile(config, w.n)
+    config = _triton_config(config, w.n)
     grid = (g, triton.cdiv(max_m, config.block_m), triton.cdiv(w.n, config.block_n))
     _w4a16_masked_kernel[grid](
         a_flat, w.qweight, w.scales, out, masked_m,
