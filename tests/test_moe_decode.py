@@ -38,8 +38,10 @@ def _weights(fmt, e, h, inter, gen, device):
         q13, q2 = INT4.quantize(r13), INT4.quantize(r2)
         k13, k2 = pack_w4a16(q13).to(device), pack_w4a16(q2).to(device)
         eff = lambda q: q.dequantize().to(torch.bfloat16).float()  # noqa: E731
-    else:
-        k13, k2 = pack_mxfp8_experts(r13).to(device), pack_mxfp8_experts(r2).to(device)
+    else:  # "mxfp8", or "mxfp8_k256": the mma engine's interleaved layout of the same codes
+        layout = "k256-interleaved" if fmt == "mxfp8_k256" else "natural"
+        k13 = pack_mxfp8_experts(r13, layout=layout).to(device)
+        k2 = pack_mxfp8_experts(r2, layout=layout).to(device)
         q13, q2 = k13.as_quantized(), k2.as_quantized()
         eff = lambda q: q.dequantize()  # noqa: E731
     q13, q2 = (QuantizedTensor(q.codes.cpu(), q.scales.cpu(), q.fmt) for q in (q13, q2))
@@ -188,6 +190,49 @@ def test_mxfp8_weight_pack_and_validation(gen):
         pack_mxfp8_experts(codes)
 
 
+def test_mxfp8_k256_interleaved_layout(gen):
+    """The mma engine's layout: the same codes reordered (word c of a half step holds element c
+    of its four groups), K padded to 256, bf16 multipliers 2^(E8M0 - 7); the natural codes and
+    the logical tensor come back exactly; scales past 2^7 and a mismatched tensor are refused;
+    the Triton engines refuse the layout."""
+    x = torch.randn(2, 8, 320, generator=gen) * 3
+    nat = pack_mxfp8_experts(x)
+    w = pack_mxfp8_experts(x, layout="k256-interleaved")
+    assert (w.layout, w.k, tuple(w.codes.shape), tuple(w.mma_scales.shape)) == ("k256-interleaved", 320, (2, 8, 512),
+                                                                                 (2, 16, 8))
+    assert torch.equal(w.natural_codes().view(torch.uint8), nat.codes.view(torch.uint8))
+    assert torch.equal(w.as_quantized().dequantize(), nat.as_quantized().dequantize())
+    words = w.codes.view(torch.uint8)
+    padded = F.pad(nat.codes.view(torch.uint8), (0, 192))
+    for kt, h, c, o in ((0, 0, 0, 0), (0, 1, 5, 3), (1, 0, 31, 2), (1, 1, 17, 1)):
+        assert words[1, 3, 256 * kt + 4 * (32 * h + c) + o] == padded[1, 3, 256 * kt + 32 * (4 * h + o) + c]
+    want = torch.exp2(nat.scales_e8m0.float() - 7).transpose(1, 2)
+    assert torch.equal(w.mma_scales[:, :10].float(), want) and (w.mma_scales[:, 10:] == 0).all()
+    assert w.to("cpu").layout == "k256-interleaved"
+    codes, scales = quantize_mxfp8(x)
+    big = scales.clone()
+    big[0, 0, 0] = md.MXFP8_MMA_MAX_E8M0 + 1
+    pack_mxfp8_experts(codes, big)  # the natural layout takes any finite scale
+    with pytest.raises(FormatError, match="E8M0 bytes <= 134"):
+        pack_mxfp8_experts(codes, big, layout="k256-interleaved")
+    with pytest.raises(FormatError, match="layout must be one of"):
+        pack_mxfp8_experts(x, layout="tiled")
+    with pytest.raises(FormatError, match="mma_scales"):
+        Mxfp8ExpertWeight(w.codes, w.scales_e8m0, "k256-interleaved", None)
+    with pytest.raises(FormatError, match="mma_scales belong"):
+        Mxfp8ExpertWeight(nat.codes, nat.scales_e8m0, "natural", w.mma_scales)
+    e, h, inter = 2, 64, 32
+    w13, w2, _, _, _, _ = _weights("mxfp8_k256", e, h, inter, gen, "cpu")
+    hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
+    ids = torch.zeros(1, 1, dtype=torch.int32)
+    for cfg in (BIG["fma"], BIG["dot"]):
+        with pytest.raises(ValueError, match="mma engine only"):
+            moe_decode_gate_up(hidden, ids, w13, config=cfg)
+    assert moe_decode_config(1, 8, 48, 7168, 2048, "mxfp8_k256").engine == "mma"
+    with pytest.raises(ValueError, match="CUDA"):  # its default engine, which the CPU cannot run
+        moe_decode_gate_up(hidden, ids, w13)
+
+
 def test_bad_input(gen, device):
     e, h, inter, m, k = 3, 64, 32, 2, 2
     w13, w2, q13, _, _, _ = _weights("int4", e, h, inter, gen, device)
@@ -261,6 +306,8 @@ def test_compile_configs_cover_every_heuristic_choice():
     assert len(names) == len(set(names))
     fmts = set()
     for fmt, c in md._production_configs():
+        if c.engine == "mma":  # Gluon kernels: checked below
+            continue
         fmts.add(fmt)
         tail = f"T={c.tokens},w={c.num_warps},s={c.num_stages}]"
         assert f"moe_decode_gate_up[{fmt},{c.engine},BI={c.block_i},{tail}" in names
@@ -270,21 +317,22 @@ def test_compile_configs_cover_every_heuristic_choice():
     from lowbit.kernels import moe_decode_sm90
 
     mma_names = {c.name for c in moe_decode_sm90.compile_configs()}
-    for m in range(1, 65):
-        c = moe_decode_config(m, 8, 48, 7168, 2048, native=True)
-        assert c.engine == "mma"
-        assert (f"moe_decode_gate_up_mma[C={min(c.tokens, 16)},split={c.split_gate_up},s={c.num_stages}]"
-                in mma_names)
-        assert f"moe_decode_down_mma[C={c.tokens},split={c.split_down},s={c.num_stages}]" in mma_names
+    for fmt, tag in (("int4", ""), ("mxfp8_k256", ",fp8")):
+        for m in range(1, 65):
+            c = moe_decode_config(m, 8, 48, 7168, 2048, fmt, native=True)
+            assert c.engine == "mma"
+            assert (f"moe_decode_gate_up_mma[C={min(c.tokens, 16)},split={c.split_gate_up},s={c.num_stages}{tag}]"
+                    in mma_names)
+            assert f"moe_decode_down_mma[C={c.tokens},split={c.split_down},s={c.num_stages}{tag}]" in mma_names
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,engine", [("int4", "heuristic"), ("int4", "fma"), ("int4", "mma"),
-                                        ("mxfp8", "heuristic"), ("mxfp8", "fma")])
+                                        ("mxfp8", "heuristic"), ("mxfp8", "fma"), ("mxfp8_k256", "heuristic")])
 def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
     """Capture moe_decode (no host readback), replay with new topk_ids / topk_weights (one
     replay with a dropped slot). M=4 over 8 experts: the heuristics pick the mma engine for
-    INT4 on sm_90, the dot engine for MXFP8 (the mma engine takes INT4 only)."""
+    INT4 and k256-interleaved MXFP8 on sm_90, the Triton engines for natural MXFP8."""
     e, h, inter, m, k = 8, 256, 128, 4, 3
     cfg = {"heuristic": None, "fma": DecodeConfig("fma", 16, 16, 1, 4, 2),
            "mma": DecodeConfig("mma", 16, 16, 8, 4, 6, split_gate_up=2, split_down=2)}[engine]
@@ -314,29 +362,85 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
 @pytest.mark.parametrize("tokens,split_gu,split_dn,stages", [(8, 4, 8, 4), (8, 8, 4, 3), (8, 2, 2, 6), (16, 1, 1, 4),
                                                             (32, 2, 4, 8), (8, 1, 1, 5)])
 @pytest.mark.parametrize("h,inter", [(160, 96), (608, 288)])
-def test_mma_engine_matches_reference_with_routing_edges(h, inter, tokens, split_gu, split_dn, stages, gen):
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8_k256"])
+def test_mma_engine_matches_reference_with_routing_edges(fmt, h, inter, tokens, split_gu, split_dn, stages, gen):
     """The Gluon tensor-core engine against the reference with the routing edges of the Triton
-    engines' test; K of one step (H=160, I=96: past-K activations masked) and of several
-    (H=608: three steps, split over up to 8 warps, some warps' chunks empty; I=288: two),
-    neuron and output counts that are not multiples of 16; ring depths 3 to 8; warp splits
-    from 1 to 8 (several member passes and token blocks where the columns a warp are few)."""
+    engines' test; K of one step (H=160, I=96: past-K activations masked; MXFP8: K padded with
+    zero codes) and of several (H=608: three steps, split over up to 8 warps, some warps'
+    chunks empty; I=288: two), neuron and output counts that are not multiples of 16; ring
+    depths 3 to 8; warp splits from 1 to 8 (several member passes and token blocks where the
+    columns a warp are few). MXFP8 rings take twice the words: a tile over 227 KB of shared
+    memory must be a clear error."""
+    from lowbit.kernels.moe_decode_sm90 import _SMEM_LIMIT
+
     e, m, k = 6, 5, 3
     cfg = DecodeConfig("mma", 16, 16, tokens, 4, stages, split_gate_up=split_gu, split_down=split_dn)
-    w13, w2, q13, q2, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
+    w13, w2, q13, q2, r13, r2 = _weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids, tw, ref_ids = _edge_routing(m, k, e, gen)
+    fp8 = fmt != "int4"
+    smem = [stages * (rows * 128 * (2 if fp8 else 1) + 16 * rows + 512 * cols) + 4 * rows * cols
+            for rows, cols in ((32 * split_gu, min(tokens, 16)), (16 * split_dn, tokens))]
+    if max(smem) > _SMEM_LIMIT:
+        with pytest.raises(ValueError, match="shared memory"):
+            _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, "cuda")
+        return
     _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, "cuda")
 
 
 @pytest.mark.gpu
+def test_mma_engine_mxfp8_weights_are_exact():
+    """Every finite E4M3 code (subnormals, both signs, 448) under E8M0 scales from 2^-27 to 2^7
+    (the layout's range), read back through the down stage with one-hot activations (one token
+    per input column, routing weight 1): out[t, h] = W2[e, h, t] exactly, since the products
+    by 1 and the FP32 sums are exact and every such weight is a bf16 number."""
+    g = torch.Generator().manual_seed(123)
+    e, h, inter = 2, 48, 512
+    codes = torch.randint(0, 256, (e, h, inter), generator=g, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x42  # no NaN codes
+    codes[0, 0, :254] = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    scales = torch.randint(100, 135, (e, h, inter // 32), generator=g, dtype=torch.uint8)
+    scales[0, 0, :2] = torch.tensor([100, 134], dtype=torch.uint8)
+    codes = codes.view(torch.float8_e4m3fn)
+    w2 = pack_mxfp8_experts(codes, scales, layout="k256-interleaved").to("cuda")
+    want = get_format("mxfp8").dequantize(QuantizedTensor(codes, scales, "mxfp8"))  # [E, H, I] FP32, exact
+    for ex in range(e):
+        m = inter
+        act = torch.eye(inter, dtype=torch.bfloat16, device="cuda").view(m, 1, inter).contiguous()
+        ids = torch.full((m, 1), ex, dtype=torch.int32, device="cuda")
+        tw = torch.ones(m, 1, dtype=torch.float32, device="cuda")
+        out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
+        moe_decode_down(act, ids, tw, w2, out=out)
+        assert torch.equal(out.cpu().float(), want[ex].T.to(torch.bfloat16).float()), f"expert {ex}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,tokens", [(1, 8), (4, 8), (16, 16)])
+def test_mma_engine_mxfp8_default_matches_reference(m, tokens, gen):
+    """k256-interleaved MXFP8 on its default (heuristic) mma configuration at decode batches,
+    against the reference on the same codes; hidden and intermediate sizes off the K step."""
+    e, h, inter, k = 8, 800, 352, 4
+    w13, w2, _, _, r13, r2 = _weights("mxfp8_k256", e, h, inter, gen, "cuda")
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(m, k, e, generator=gen)
+    tw = random_topk_weights(m, k, generator=gen)
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
+    moe_decode(hidden.cuda(), ids.cuda(), tw.cuda(), w13, w2, out=out)
+    ref = reference.moe_experts_ref(hidden, ids, tw, r13, r2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref, "bf16_out")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,tokens,split", [(1, 8, 8), (20, 16, 1), (40, 32, 1), (6, 8, 2)])
-def test_mma_engine_hot_expert_and_token_blocks(m, tokens, split, gen):
+@pytest.mark.parametrize("fmt", ["int4", "mxfp8_k256"])
+def test_mma_engine_hot_expert_and_token_blocks(fmt, m, tokens, split, gen):
     """Every token's first slot on expert 0: its gate_up owner gathers m routes in passes of
     tokens / split; 40 tokens x 4 slots cross the 64-route scan chunk; m > tokens / split makes
     several down token blocks; the last expert is empty."""
     e, h, inter, k = 5, 544, 224, 4
-    cfg = DecodeConfig("mma", 16, 16, tokens, 4, 4, split_gate_up=min(split, min(tokens, 16)), split_down=split)
-    w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
+    gu = min(split, min(tokens, 16), 4 if fmt != "int4" else 8)  # MXFP8 gate_up at 8 warps: over 227 KB
+    cfg = DecodeConfig("mma", 16, 16, tokens, 4, 4, split_gate_up=gu, split_down=split)
+    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e - 1, generator=gen, hot_expert=0)
     tw = random_topk_weights(m, k, generator=gen)
@@ -380,7 +484,7 @@ def test_mma_engine_refusals(gen):
     w13, w2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, "cpu")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = torch.zeros(1, k, dtype=torch.int32)
-    with pytest.raises(ValueError, match="INT4"):
+    with pytest.raises(ValueError, match="k256-interleaved"):
         moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 16, 16, 8, 4, 6))
     w13, w2, _, _, _, _ = _weights("int4", e, h, inter, gen, "cpu")
     with pytest.raises(ValueError, match="CUDA"):

@@ -429,15 +429,25 @@ def _cfg_dict(cfg: Any) -> dict[str, Any]:
 class _DecodeBase(OpProvider):
     _packed: dict[tuple, Any]
 
+    def _cached_pack(self, problem: OpProblem, tag: str, pack) -> tuple[Any, Any]:
+        """(pack(w13), pack(w2)) of the problem's weights, re-packed only when they change."""
+        w13, w2 = problem.inputs["w13"], problem.inputs["w2"]
+        key = (tag, w13.codes.data_ptr(), w2.codes.data_ptr())
+        if key not in self._packed:
+            self._packed.clear()
+            self._packed[key] = (pack(w13), pack(w2))
+        return self._packed[key]
+
     def _int4_packed(self, problem: OpProblem) -> tuple[Any, Any]:
         from ..formats.w4a16 import pack_w4a16  # noqa: PLC0415
 
-        w13, w2 = problem.inputs["w13"], problem.inputs["w2"]
-        key = (w13.codes.data_ptr(), w2.codes.data_ptr())
-        if key not in self._packed:
-            self._packed.clear()
-            self._packed[key] = (pack_w4a16(w13, profile="indexed"), pack_w4a16(w2, profile="indexed"))
-        return self._packed[key]
+        return self._cached_pack(problem, "indexed", lambda w: pack_w4a16(w, profile="indexed"))
+
+    def _mxfp8_interleaved(self, problem: OpProblem) -> tuple[Any, Any]:
+        from ..kernels.moe_decode import pack_mxfp8_experts  # noqa: PLC0415
+
+        return self._cached_pack(problem, "k256", lambda w: pack_mxfp8_experts((w.codes, w.scales_e8m0),
+                                                                                layout="k256-interleaved"))
 
     def clear(self) -> None:
         super().clear()
@@ -458,13 +468,17 @@ class DecodeLowbit(_DecodeBase):
         from ..kernels.sm90 import is_sm90_native  # noqa: PLC0415
 
         i = problem.inputs
-        if i["fmt"] == "int4":
+        native = is_sm90_native(i["hidden"].device)
+        fmt = i["fmt"]
+        if fmt == "int4":
             w13, w2 = self._int4_packed(problem)
+        elif native:  # MXFP8 on sm_90: the mma engine's layout of the same codes, re-laid once
+            w13, w2 = self._mxfp8_interleaved(problem)
+            fmt = "mxfp8_k256"
         else:
             w13, w2 = i["w13"], i["w2"]
         hidden, ids, tw = i["hidden"], i["topk_ids"], i["topk_weights"]
-        cfg = moe_decode_config(hidden.shape[0], ids.shape[1], w13.num_experts, w13.k, w13.n // 2, i["fmt"],
-                                is_sm90_native(hidden.device))
+        cfg = moe_decode_config(hidden.shape[0], ids.shape[1], w13.num_experts, w13.k, w13.n // 2, fmt, native)
         self._config = _cfg_dict(cfg)
         out = torch.empty(hidden.shape, dtype=torch.bfloat16, device=hidden.device)
         self._call = lambda: moe_decode(hidden, ids, tw, w13, w2, out=out, config=cfg)

@@ -29,6 +29,9 @@ Weight formats (activations stay BF16 throughout, weights are upcast in register
   the effective weight is ``bf16((q - 8) * s)``, the same as the indexed path's.
 - MXFP8: an `Mxfp8ExpertWeight` (E4M3 codes + E8M0 byte per 32, see `pack_mxfp8_experts`).
   ``code * 2**(byte - 127)`` is exact in FP32 (and in BF16, for any scale in 2^-117..2^119).
+  Two layouts of the same codes: ``"natural"`` (K order; the fma / dot engines) and
+  ``"k256-interleaved"`` (the mma engine's: per 256-wide K step, word c of a half step holds
+  element c of its four groups, plus bf16 group multipliers ``2**(byte - 7)``; scales up to 2^7).
 
 Three engines map outputs to programs (`DecodeConfig.engine`; all give the same function up to
 FP32 summation order):
@@ -53,12 +56,13 @@ FP32 summation order):
   ``sum_j w[t, j] [topk_ids[t, j] == e]`` into the accumulator of token t (INT4 runs the
   W4A16 main loop `w4a16_core.w4a16_tile` there, tokens on the MMA's N side).
 
-- ``"mma"`` -- INT4 on sm_90 only (Gluon, `moe_decode_sm90`): the dot engine's outputs and
+- ``"mma"`` -- INT4 and k256-interleaved MXFP8 on sm_90 (Gluon, `moe_decode_sm90`): the dot engine's outputs and
   owner rule, rebuilt to stream weights. Words, scales and activations go through a cp.async
   ring in shared memory (no TMA, one CTA barrier a step), each warp dequantizes its 16 weight
   rows straight into mma.sync A fragments, and at small batches the warps of a program split
   the work instead of the rows (gate_up: K; down: the expert visits), each against its own
-  block of MMA columns, summed once at the end. The default for INT4 on sm_90 (`_MMA_SPLITS`).
+  block of MMA columns, summed once at the end. The default for INT4 on sm_90 (`_MMA_SPLITS`)
+  and the only engine of the interleaved MXFP8 layout (`_MMA_SPLITS_MXFP8`).
 
 Status (H200, 2026-11-30, ninth session; docs/performance.md): the mma engine's Kimi EP8 INT4
 layer takes 84.6 us at one token, 1.14x Humming's indexed layer (96.8 us) and 1.34x lowbit's
@@ -66,8 +70,11 @@ layer takes 84.6 us at one token, 1.14x Humming's indexed layer (96.8 us) and 1.
 target is 85%: missed); 0.97x / 0.91x Humming at 2 / 4 tokens; from 8 tokens lowbit's indexed
 path is faster (the crossover). What bounds it: instruction issue (~350 instructions a warp
 a 16-row x 256-K step, 2 of them a weight for the dequantization; 0.53-0.56 issued a cycle per
-scheduler with 2-3 warps each, ncu). The Triton fma / dot engines (the CPU path, and MXFP8)
-take 168 / 1287 us at 1 / 32 tokens.
+scheduler with 2-3 warps each, ncu). The Triton fma / dot engines (the CPU path, and natural
+MXFP8) take 168 / 1287 us at 1 / 32 tokens. MXFP8 (thirteenth session, `decode_mma.py mxfp8`,
+same codes): the mma engine on the interleaved layout 124.9 / 329.9 / 532.8 / 1378.4 us at 1 /
+4 / 8 / 32 tokens against the Triton engines' 145.2 / 466.1 / 1309.3 / 2629.4 (62% of the read
+bandwidth at one token; the issue-5 target, 85%, is missed there too).
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import w4a16_tile
 
 __all__ = [
+    "MXFP8_LAYOUTS",
     "Mxfp8ExpertWeight",
     "pack_mxfp8_experts",
     "DecodeConfig",
@@ -108,18 +116,63 @@ _ROUTE_CHUNK = 64
 
 
 # =========================================================================== MXFP8 weight
+#: `Mxfp8ExpertWeight.layout` values. ``"natural"``: codes ``[E, N, K]`` in K order (the Triton
+#: engines and the reference read it). ``"k256-interleaved"``: the mma engine's layout (below).
+MXFP8_LAYOUTS = ("natural", "k256-interleaved")
+#: The largest E8M0 byte the interleaved layout takes: its bf16 multipliers are ``2**(byte - 7)``
+#: (the E4M3 bits land in bf16 as ``code * 2**-120``), whose exponent field ``byte + 120`` must
+#: stay below 255: scales up to 2^7, weights up to 448 * 2^7.
+MXFP8_MMA_MAX_E8M0 = 134
+
+
+def _interleave_k256(codes: torch.Tensor) -> torch.Tensor:
+    """``e4m3 [E, N, K]`` -> the interleaved ``[E, N, Kp]`` (K zero-padded to a multiple of 256):
+    per 256-wide K step, half h and column c (the 32-bit word ``64 kt + 32 h + c``), byte o holds
+    K ``256 kt + 32 (4h + o) + c``: element c of each of the half's four groups, so one ``prmt``
+    of two K-adjacent words gathers a group's bf16x2 fragment pair (the INT4 indexed profile's
+    idea: word j holds element j of every group)."""
+    e, n, k = codes.shape
+    kp = -(-k // 256) * 256
+    b = torch.zeros(e, n, kp, dtype=torch.uint8, device=codes.device)
+    b[..., :k] = codes.view(torch.uint8)
+    b = b.view(e, n, kp // 256, 2, 4, 32).permute(0, 1, 2, 3, 5, 4).contiguous()
+    return b.view(e, n, kp).view(torch.float8_e4m3fn)
+
+
+def _deinterleave_k256(codes: torch.Tensor, k: int) -> torch.Tensor:
+    """The inverse of `_interleave_k256`, cut back to K."""
+    e, n, kp = codes.shape
+    b = codes.view(torch.uint8).view(e, n, kp // 256, 2, 32, 4).permute(0, 1, 2, 3, 5, 4).contiguous()
+    return b.view(e, n, kp)[..., :k].contiguous().view(torch.float8_e4m3fn)
+
+
+def _mma_multipliers(scales_e8m0: torch.Tensor, kp: int) -> torch.Tensor:
+    """bf16 ``[E, Kp/32, N]`` (the INT4 indexed profile's scale layout): ``2**(byte - 7)`` per
+    group, 0 for the groups of the K padding. Exact: a power of two in bf16's normal range."""
+    e, n, groups = scales_e8m0.shape
+    bits = ((scales_e8m0.to(torch.int32) + 120) << 7).to(torch.int16).view(torch.bfloat16)
+    out = torch.zeros(e, kp // 32, n, dtype=torch.bfloat16, device=scales_e8m0.device)
+    out[:, :groups] = bits.transpose(1, 2)
+    return out
+
+
 @dataclass(frozen=True)
 class Mxfp8ExpertWeight:
     """MXFP8 expert weights as the decode kernels read them.
 
-    codes: ``float8_e4m3fn [E, N, K]`` (K a multiple of 32, contiguous);
-    scales_e8m0: ``uint8 [E, N, K/32]`` (E8M0 bytes, ``2**(byte - 127)``; 255 = NaN is refused).
-    The constructor validates; `pack_mxfp8_experts` builds one from real weights or from
-    `lowbit.formats.mxfp8.quantize_mxfp8` output.
+    codes: ``float8_e4m3fn [E, N, K]`` (K a multiple of 32, contiguous) in the natural layout,
+    or ``[E, N, Kp]`` (Kp = K rounded up to 256, zero-padded) in the ``"k256-interleaved"``
+    layout of the mma engine (`_interleave_k256`); scales_e8m0: ``uint8 [E, N, K/32]`` (E8M0
+    bytes, ``2**(byte - 127)``; 255 = NaN is refused) in both; mma_scales: the interleaved
+    layout's bf16 multipliers ``[E, Kp/32, N]`` (`_mma_multipliers`, built by
+    `pack_mxfp8_experts`), None for natural. The constructor validates; `pack_mxfp8_experts`
+    builds one from real weights or from `lowbit.formats.mxfp8.quantize_mxfp8` output.
     """
 
     codes: torch.Tensor
     scales_e8m0: torch.Tensor
+    layout: str = "natural"
+    mma_scales: torch.Tensor | None = None
 
     def __post_init__(self):
         c, s = self.codes, self.scales_e8m0
@@ -129,18 +182,36 @@ class Mxfp8ExpertWeight:
             raise FormatError(f"Mxfp8ExpertWeight: codes must be float8_e4m3fn [E, N, K], got {c.dtype} {tuple(c.shape)}")
         if s.dtype != torch.uint8:
             raise FormatError(f"Mxfp8ExpertWeight: scales_e8m0 must be uint8 E8M0 bytes, got {s.dtype}")
-        e, n, k = c.shape
-        if k % MXFP8_GROUP:
-            raise FormatError(f"Mxfp8ExpertWeight: K={k} is not a multiple of {MXFP8_GROUP}")
-        if tuple(s.shape) != (e, n, k // MXFP8_GROUP):
-            raise FormatError(f"Mxfp8ExpertWeight: codes {tuple(c.shape)} need scales [E, N, K/32] = "
-                              f"{(e, n, k // MXFP8_GROUP)}, got {tuple(s.shape)}")
+        if self.layout not in MXFP8_LAYOUTS:
+            raise FormatError(f"Mxfp8ExpertWeight: layout must be one of {MXFP8_LAYOUTS}, got {self.layout!r}")
+        e, n, kc = c.shape
+        k = s.shape[-1] * MXFP8_GROUP if s.dim() == 3 else -1
+        if self.layout == "natural":
+            if kc % MXFP8_GROUP:
+                raise FormatError(f"Mxfp8ExpertWeight: K={kc} is not a multiple of {MXFP8_GROUP}")
+            k = kc
+        if tuple(s.shape) != (e, n, k // MXFP8_GROUP) or (self.layout != "natural" and kc != -(-k // 256) * 256):
+            raise FormatError(f"Mxfp8ExpertWeight: codes {tuple(c.shape)} ({self.layout}) need scales [E, N, K/32] "
+                              f"with K = {kc if self.layout == 'natural' else 'codes K - padding < 256'}, got "
+                              f"{tuple(s.shape)}")
         if c.device != s.device:
             raise FormatError(f"Mxfp8ExpertWeight: codes on {c.device}, scales on {s.device}")
         if not c.is_contiguous() or not s.is_contiguous():
             raise FormatError("Mxfp8ExpertWeight: codes and scales must be contiguous")
         if s.numel() and bool((s == 255).any()):
             raise FormatError("Mxfp8ExpertWeight: E8M0 scale byte 255 (NaN) in the weight")
+        if self.layout == "natural":
+            if self.mma_scales is not None:
+                raise FormatError("Mxfp8ExpertWeight: mma_scales belong to the k256-interleaved layout")
+            return
+        if s.numel() and int(s.max()) > MXFP8_MMA_MAX_E8M0:
+            raise FormatError(f"Mxfp8ExpertWeight: the k256-interleaved layout takes E8M0 bytes <= "
+                              f"{MXFP8_MMA_MAX_E8M0} (scales up to 2^7), got {int(s.max())}")
+        m = self.mma_scales
+        if (not isinstance(m, torch.Tensor) or m.dtype != torch.bfloat16 or tuple(m.shape) != (e, kc // 32, n)
+                or not m.is_contiguous() or m.device != c.device):
+            raise FormatError(f"Mxfp8ExpertWeight: the k256-interleaved layout needs mma_scales bf16 "
+                              f"[E, Kp/32, N] = {(e, kc // 32, n)} (pack_mxfp8_experts builds them)")
 
     @property
     def num_experts(self) -> int:
@@ -152,24 +223,34 @@ class Mxfp8ExpertWeight:
 
     @property
     def k(self) -> int:
-        return self.codes.shape[2]
+        return self.scales_e8m0.shape[2] * MXFP8_GROUP
 
     def to(self, device: torch.device | str) -> "Mxfp8ExpertWeight":
-        return Mxfp8ExpertWeight(self.codes.to(device), self.scales_e8m0.to(device))
+        m = None if self.mma_scales is None else self.mma_scales.to(device)
+        return Mxfp8ExpertWeight(self.codes.to(device), self.scales_e8m0.to(device), self.layout, m)
+
+    def natural_codes(self) -> torch.Tensor:
+        """``float8_e4m3fn [E, N, K]`` in K order, whatever the layout."""
+        return self.codes if self.layout == "natural" else _deinterleave_k256(self.codes, self.k)
 
     def as_quantized(self) -> QuantizedTensor:
         """The logical ``mxfp8`` `QuantizedTensor` (what `lowbit.reference` takes)."""
-        return QuantizedTensor(self.codes, self.scales_e8m0, "mxfp8")
+        return QuantizedTensor(self.natural_codes(), self.scales_e8m0, "mxfp8")
 
 
-def pack_mxfp8_experts(weight, scales_e8m0: torch.Tensor | None = None) -> Mxfp8ExpertWeight:
+def pack_mxfp8_experts(weight, scales_e8m0: torch.Tensor | None = None, *,
+                       layout: str = "natural") -> Mxfp8ExpertWeight:
     """Build an `Mxfp8ExpertWeight`.
 
     weight: real expert weights ``[E, N, K]`` (float32/bf16/fp16; quantized with
     `quantize_mxfp8`); or a ``(codes, scales_e8m0)`` pair as `quantize_mxfp8` returns it; or
     codes ``float8_e4m3fn [E, N, K]`` with `scales_e8m0` ``uint8 [E, N, K/32]``; or a
-    `QuantizedTensor` of format ``mxfp8``.
+    `QuantizedTensor` of format ``mxfp8``. layout: ``"natural"`` (every engine) or
+    ``"k256-interleaved"`` (the sm_90 mma engine only, its fast path: the same bytes reordered
+    once, K padded to 256, plus bf16 group multipliers, 1/16 of the codes' bytes).
     """
+    if layout not in MXFP8_LAYOUTS:
+        raise FormatError(f"pack_mxfp8_experts: layout must be one of {MXFP8_LAYOUTS}, got {layout!r}")
     if isinstance(weight, QuantizedTensor):
         if weight.fmt != "mxfp8":
             raise FormatError(f"pack_mxfp8_experts takes mxfp8 weights, got format {weight.fmt!r}")
@@ -188,7 +269,12 @@ def pack_mxfp8_experts(weight, scales_e8m0: torch.Tensor | None = None) -> Mxfp8
         weight, scales_e8m0 = quantize_mxfp8(weight)
     elif scales_e8m0 is None:
         raise FormatError("pack_mxfp8_experts: float8_e4m3fn codes need their scales_e8m0")
-    return Mxfp8ExpertWeight(weight.contiguous(), scales_e8m0.contiguous())
+    codes, scales_e8m0 = weight.contiguous(), scales_e8m0.contiguous()
+    if layout == "natural":
+        return Mxfp8ExpertWeight(codes, scales_e8m0)
+    Mxfp8ExpertWeight(codes, scales_e8m0)  # the natural form's checks first
+    inter = _interleave_k256(codes)
+    return Mxfp8ExpertWeight(inter, scales_e8m0, layout, _mma_multipliers(scales_e8m0, inter.shape[2]))
 
 
 # =========================================================================== kernels
@@ -474,8 +560,8 @@ class DecodeConfig:
     """Launch choice of the two decode kernels.
 
     engine: ``"fma"`` (one route / token per program, CUDA cores), ``"dot"`` (weight rows read
-    once for the tokens sharing an expert, tensor cores) or ``"mma"`` (INT4 on sm_90, Gluon:
-    `moe_decode_sm90`); block_i: gate_up neurons per program (as many gate rows and up rows;
+    once for the tokens sharing an expert, tensor cores) or ``"mma"`` (INT4 and k256-interleaved
+    MXFP8 on sm_90, Gluon: `moe_decode_sm90`); block_i: gate_up neurons per program (as many gate rows and up rows;
     16 on mma); block_h: down output dims per program (16 on mma); tokens: columns per MMA
     (dot: gate_up routes per weight pass, down tokens per program; mma: split among the
     warps, see split_*), 1 for fma; num_stages: the K loops' pipelining (mma: the cp.async ring).
@@ -530,8 +616,12 @@ _TILES = {
     # mma (`moe_decode_sm90`): 16 neurons / output rows a program; num_stages = the cp.async
     # ring's depth; tokens and the splits come from `_MMA_SPLITS`; num_warps unused
     ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 89.1 us, M=8: 405.8 (`_MMA_SPLITS`)"),
+    # the INT4 tile and splits, not swept for MXFP8 (thirteenth session: `decode_mma.py`)
+    ("mma", "mxfp8_k256"): (16, 16, 4, 4, "H200 M=1: 124.9 us, M=8: 532.8 (`_MMA_SPLITS_MXFP8`)"),
 }
-_WEIGHT_FORMATS = ("int4", "mxfp8")
+#: "mxfp8_k256": MXFP8 in the k256-interleaved layout, which only the mma engine reads
+_WEIGHT_FORMATS = ("int4", "mxfp8", "mxfp8_k256")
+_MMA_FORMATS = ("int4", "mxfp8_k256")
 
 #: The mma engine's MMA columns and warp splits by batch M: (max M, tokens, split_gate_up,
 #: split_down). A split of s gives each of s warps ``tokens / s`` columns (gate_up: member routes
@@ -556,6 +646,16 @@ _WEIGHT_FORMATS = ("int4", "mxfp8")
 #: split 2 468.9. Down (unchanged kernel) keeps two warps a split.
 _MMA_SPLITS = (
     (4, 8, 2, 2),
+    (8, 8, 1, 2),
+    (1 << 30, 16, 1, 2),
+)
+#: The same table for k256-interleaved MXFP8 (twice the words a step, so a gate_up warp's K
+#: chunk already streams enough bytes alone). H200, thirteenth session (`decode_mma.py mxfp8`,
+#: same process, gate_up + down us as (tokens, split_gate_up, split_down, stages)): M=1 (8,1,2,4)
+#: 75.8 + 49.1, (8,2,2,4) 80.4 + 48.9, (8,2,4,3) 76.2 + 59.8; M=4 (8,1,2,4) 200.9 + 129.0,
+#: (8,2,2,4) 217.9 + 127.3, (8,2,2,3) 202.8 + 127.7; M=8 (8,1,2,4) 296.9 + 235.9, (8,2,2,3)
+#: 324.8 + 236.2. M=2 ran split 2 only: (8,2,2,3) 131.3 + 88.1, (8,2,2,4) 140.4 + 86.9.
+_MMA_SPLITS_MXFP8 = (
     (8, 8, 1, 2),
     (1 << 30, 16, 1, 2),
 )
@@ -615,20 +715,23 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
     env_vals = dict(zip(_ENV_FIELDS, env))
     if env_vals["engine"]:
         engine, why = env_vals["engine"].lower(), f"LOWBIT_DECODE_ENGINE={env_vals['engine']}"
+    elif fmt == "mxfp8_k256":
+        engine, why = "mma", "k256-interleaved MXFP8: the layout of the mma engine (sm_90), the only one reading it"
     elif native and fmt == "int4":
         engine, why = "mma", ("INT4 on sm_90: the tensor-core engine, faster than fma / dot at every M of 1-32 "
                               "(H200, Kimi EP8: 89 vs 168 us at M=1, 1037 vs 1287 at M=32)")
     else:
         _, engine, why = next(row for row in _ENGINES if rpe <= row[0])
     if (engine, fmt) not in _TILES:
-        raise ValueError(f"LOWBIT_DECODE_ENGINE must be 'fma', 'dot' or 'mma' (mma: INT4 only), got "
-                         f"{env_vals['engine']!r} for {fmt}")
+        raise ValueError(f"LOWBIT_DECODE_ENGINE must be 'fma', 'dot' or 'mma' (mma: INT4 or k256-interleaved "
+                         f"MXFP8; that layout: mma only), got {env_vals['engine']!r} for {fmt}")
     block_i, block_h, warps, stages, measured = _TILES[engine, fmt]
     # dot: 16 tokens per program covers M <= 16 in one pass over the hit experts; beyond, 32.
     # mma: the down kernel's token block covers M <= 32 in one pass (each expert read once)
     splits = {}
     if engine == "mma":
-        _, tokens, split_gu, split_dn = next(row for row in _MMA_SPLITS if m <= row[0])
+        table = _MMA_SPLITS if fmt == "int4" else _MMA_SPLITS_MXFP8
+        _, tokens, split_gu, split_dn = next(row for row in table if m <= row[0])
         splits = {"split_gate_up": split_gu, "split_down": split_dn}
     else:
         tokens = 1 if engine == "fma" else (16 if m <= 16 else 32)
@@ -645,7 +748,7 @@ def moe_decode_config(m: int, top_k: int, num_experts: int, hidden: int, inter: 
                       fmt: str = "int4", native: bool = False) -> DecodeConfig:
     """The launch configuration for `m` tokens routed top-`top_k` over `num_experts` experts of
     hidden size `hidden` and intermediate size `inter`, weights in `fmt` (``"int4"`` or
-    ``"mxfp8"``); `native`: the data is on an sm_90 GPU with the interpreter off (the Gluon
+    ``"mxfp8"``, or ``"mxfp8_k256"``: MXFP8 in the interleaved layout, mma only); `native`: the data is on an sm_90 GPU with the interpreter off (the Gluon
     ``mma`` engine can run). Memoized per shape and per value of the ``LOWBIT_DECODE_*``
     overrides (`ENV_OVERRIDES`), so the host side costs a dict lookup."""
     return _config_cached(m, top_k, num_experts, hidden, inter, fmt, _env_key(), native)
@@ -670,6 +773,7 @@ def _weight_args(w, who: str, n: int, k: int):
         s_strides = (scales.stride(0), scales.stride(2), scales.stride(1))
         shape = (w.num_experts, w.n, w.k)
     elif isinstance(w, Mxfp8ExpertWeight):
+        # (the k256-interleaved layout passes through: `_pick_config` keeps it on the mma engine)
         fmt, codes, scales = _FMT_MXFP8, w.codes, w.scales_e8m0
         s_strides = (scales.stride(0), scales.stride(1), scales.stride(2))
         shape = (w.num_experts, w.n, w.k)
@@ -726,20 +830,27 @@ def _check_weights_pair(w13, w2) -> tuple[int, int, int]:
 
 
 def _weight_format(w) -> str:
-    """``"int4"`` or ``"mxfp8"``: the heuristics' name of a prepared weight's format."""
-    return "mxfp8" if isinstance(w, Mxfp8ExpertWeight) else "int4"
+    """``"int4"``, ``"mxfp8"`` or ``"mxfp8_k256"`` (the interleaved layout): the heuristics'
+    name of a prepared weight's format."""
+    if isinstance(w, Mxfp8ExpertWeight):
+        return "mxfp8" if w.layout == "natural" else "mxfp8_k256"
+    return "int4"
 
 
 def _pick_config(config, m, top_k, e, h, inter, fmt: str, device) -> DecodeConfig:
     if config is None:
-        return moe_decode_config(m, top_k, e, h, inter, fmt, is_sm90_native(device))
-    if not isinstance(config, DecodeConfig):
+        config = moe_decode_config(m, top_k, e, h, inter, fmt, is_sm90_native(device))
+    elif not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     _validate_config(config)
     if config.engine == "mma":
-        if fmt != "int4":
-            raise ValueError(f"decode engine 'mma' takes INT4 weights (W4A16Weight), got {fmt}")
+        if fmt not in _MMA_FORMATS:
+            raise ValueError(f"decode engine 'mma' takes INT4 (W4A16Weight) or k256-interleaved MXFP8 weights, got "
+                             f"{fmt} (pack_mxfp8_experts(..., layout='k256-interleaved'))")
         require_sm90(device, "moe_decode engine 'mma'")
+    elif fmt == "mxfp8_k256":
+        raise ValueError(f"decode engine {config.engine!r}: the k256-interleaved MXFP8 layout runs on the mma engine "
+                         "only")
     return config
 
 
@@ -933,6 +1044,8 @@ def compile_configs():
 
     out, done = [], set()
     for fname, cfg in _production_configs():
+        if cfg.engine == "mma":  # Gluon: `moe_decode_sm90.compile_configs`
+            continue
         dot = cfg.engine == "dot"
         fmt = _FMT_INT4 if fname == "int4" else _FMT_MXFP8
         w_t, s_t = _FMT_PTRS[fmt]
