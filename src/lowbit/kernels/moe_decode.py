@@ -617,7 +617,7 @@ _TILES = {
     # ring's depth; tokens and the splits come from `_MMA_SPLITS`; num_warps unused
     ("mma", "int4"): (16, 16, 4, 4, "H200 M=1: 89.1 us, M=8: 405.8 (`_MMA_SPLITS`)"),
     # the INT4 tile and splits, not swept for MXFP8 (thirteenth session: `decode_mma.py`)
-    ("mma", "mxfp8_k256"): (16, 16, 4, 4, "H200 M=1: 124.9 us, M=8: 532.8 (`_MMA_SPLITS_MXFP8`)"),
+    ("mma", "mxfp8_k256"): (16, 16, 4, 4, "H200 M=1: 124.9 us, M=8: 532.8, M=16: 833.3 (`_MMA_SPLITS_MXFP8`)"),
 }
 #: "mxfp8_k256": MXFP8 in the k256-interleaved layout, which only the mma engine reads
 _WEIGHT_FORMATS = ("int4", "mxfp8", "mxfp8_k256")
@@ -654,10 +654,13 @@ _MMA_SPLITS = (
 #: same process, gate_up + down us as (tokens, split_gate_up, split_down, stages)): M=1 (8,1,2,4)
 #: 75.8 + 49.1, (8,2,2,4) 80.4 + 48.9, (8,2,4,3) 76.2 + 59.8; M=4 (8,1,2,4) 200.9 + 129.0,
 #: (8,2,2,4) 217.9 + 127.3, (8,2,2,3) 202.8 + 127.7; M=8 (8,1,2,4) 296.9 + 235.9, (8,2,2,3)
-#: 324.8 + 236.2. M=2 ran split 2 only: (8,2,2,3) 131.3 + 88.1, (8,2,2,4) 140.4 + 86.9.
+#: 324.8 + 236.2. Second sweep (same session): M=2 (8,1,2,4) 139.2 + 88.3, (8,1,2,3) 137.6 + 88.8;
+#: M=16 (8,1,2,4) 381.7 + 451.6, (16,1,2,4) 451.6 + 488.8, (16,2,2,4) 468.2 + 490.8, (16,1,4,4) 456.9
+#: + 582.7; M=32 (16,1,1,4) 491.3 + 834.9 (third sweep: 3 stages 473.0 + 800.6), (16,1,2,4) 490.2 +
+#: 876.8, (8,1,2,4) 457.9 + 886.8, (32,2,2,4) 564.9 + 1014.0.
 _MMA_SPLITS_MXFP8 = (
-    (8, 8, 1, 2),
-    (1 << 30, 16, 1, 2),
+    (16, 8, 1, 2),
+    (1 << 30, 16, 1, 1),
 )
 _ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages", "split_gate_up", "split_down")
 #: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot|mma),
