@@ -371,7 +371,7 @@ def test_mma_engine_matches_reference_with_routing_edges(fmt, h, inter, tokens, 
     depths 3 to 8; warp splits from 1 to 8 (several member passes and token blocks where the
     columns a warp are few). MXFP8 rings take twice the words: a tile over 227 KB of shared
     memory must be a clear error."""
-    from lowbit.kernels.moe_decode_sm90 import _SMEM_LIMIT
+    from lowbit.kernels.moe_decode_sm90 import _SMEM_LIMIT, smem_bytes
 
     e, m, k = 6, 5, 3
     cfg = DecodeConfig("mma", 16, 16, tokens, 4, stages, split_gate_up=split_gu, split_down=split_dn)
@@ -379,8 +379,8 @@ def test_mma_engine_matches_reference_with_routing_edges(fmt, h, inter, tokens, 
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids, tw, ref_ids = _edge_routing(m, k, e, gen)
     fp8 = fmt != "int4"
-    smem = [stages * (rows * 128 * (2 if fp8 else 1) + 16 * rows + 512 * cols) + 4 * rows * cols
-            for rows, cols in ((32 * split_gu, min(tokens, 16)), (16 * split_dn, tokens))]
+    smem = [smem_bytes(rows, cols, stages, fp8) for rows, cols in ((32 * split_gu, min(tokens, 16)),
+                                                                    (16 * split_dn, tokens))]
     if max(smem) > _SMEM_LIMIT:
         with pytest.raises(ValueError, match="shared memory"):
             _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, "cuda")

@@ -87,6 +87,7 @@ import triton
 import triton.language as tl
 
 from ..formats.base import FormatError, QuantizedTensor
+from ..formats.fp8 import e8m0_decode
 from ..formats.mxfp8 import MXFP8_GROUP, quantize_mxfp8
 from ..formats.w4a16 import W4A16Weight
 from . import numerics, tuning
@@ -150,9 +151,8 @@ def _mma_multipliers(scales_e8m0: torch.Tensor, kp: int) -> torch.Tensor:
     """bf16 ``[E, Kp/32, N]`` (the INT4 indexed profile's scale layout): ``2**(byte - 7)`` per
     group, 0 for the groups of the K padding. Exact: a power of two in bf16's normal range."""
     e, n, groups = scales_e8m0.shape
-    bits = ((scales_e8m0.to(torch.int32) + 120) << 7).to(torch.int16).view(torch.bfloat16)
     out = torch.zeros(e, kp // 32, n, dtype=torch.bfloat16, device=scales_e8m0.device)
-    out[:, :groups] = bits.transpose(1, 2)
+    out[:, :groups] = (e8m0_decode(scales_e8m0) * 2.0**120).to(torch.bfloat16).transpose(1, 2)
     return out
 
 

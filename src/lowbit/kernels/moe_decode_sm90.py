@@ -542,10 +542,15 @@ def _maxnreg(stage: str) -> dict:
 _SMEM_LIMIT = 227 * 1024
 
 
+def smem_bytes(rows: int, cols: int, stages: int, fp8: bool) -> int:
+    """Shared memory of a program: the rings (`_rings`: words, scales, B boxes a stage) plus
+    the FP32 partials' buffer; MXFP8 words take twice INT4's."""
+    return stages * (rows * 128 * (2 if fp8 else 1) + 16 * rows + 512 * cols) + 4 * rows * cols
+
+
 def _check_smem(who: str, rows: int, cols: int, stages: int, fp8: bool) -> None:
-    """The rings (`_rings`) plus the partials' buffer must fit: a clear error for an override
-    that asks for more (MXFP8 words take twice INT4's)."""
-    need = stages * (rows * 128 * (2 if fp8 else 1) + 16 * rows + 512 * cols) + 4 * rows * cols
+    """A clear error for an override whose `smem_bytes` exceed what a CTA may hold."""
+    need = smem_bytes(rows, cols, stages, fp8)
     if need > _SMEM_LIMIT:
         raise ValueError(f"{who}: {rows} weight rows x {cols} columns x {stages} stages need {need // 1024} KB of "
                          f"shared memory ({'MXFP8' if fp8 else 'INT4'}), over {_SMEM_LIMIT // 1024} KB: fewer split "
