@@ -53,8 +53,8 @@ Measured on the H200 (sixth session, CUDA graph, decode point b=64 h=64 top-k 20
 
 Engines (`SparseAttnConfig.engine`): ``"triton"`` (this kernel, every tier) and ``"gluon"``
 (`lowbit.kernels.sparse_attn_sm90`: d = 512, 64-head tiles, the KV gather in its own warps;
-the default on sm_90 for > 32 heads, `gluon_capable`; H200 twelfth session: decode 65.6 us,
-prefill b=1 s=1024 711 us, 1.38x / 1.54x this kernel). Both write split shares in the same
+the default on sm_90 for > 32 heads, `gluon_capable`; H200 fourteenth session: decode 62.5 us,
+prefill b=1 s=1024 578 us, 1.45x / 1.9x this kernel). Both write split shares in the same
 workspace format, folded by `_sparse_attn_combine_kernel`.
 """
 
@@ -360,8 +360,8 @@ def _config_cached(queries: int, h: int, topk: int, sms: int, env: tuple, gluon:
     cfg = _table_config(ht, f"{ht}-head tile (the widest for {h} heads: each gathered row serves them all)")
     if gluon and ht == 64:  # (fewer heads keep the narrower Triton tiles: not measured against it)
         cfg = SparseAttnConfig(64, 64, 8, 2, False, engine="gluon", reason=(
-            "sm_90, d = 512: Gluon kernel (the KV gather in a producer partition), 64-head tiles, 64-slot blocks, "
-            "2 stages (H200 decode 1.37x, prefill 1.54x the Triton kernel)"))
+            "sm_90, d = 512: Gluon kernel (the KV gather in a producer partition, two warpgroups on alternate "
+            "blocks), 64-head tiles, 64-slot blocks, 2 buffers (H200 decode 1.45x, prefill 1.9x the Triton kernel)"))
     progs = queries * triton.cdiv(h, ht)
     split = max(1, min(sms // max(progs, 1), topk // _MIN_SLOTS_PER_SPLIT))
     if split > 1:

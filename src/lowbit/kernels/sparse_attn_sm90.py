@@ -1,5 +1,6 @@
-"""Hopper (sm_90a) Gluon kernel of `sparse_attn` for d = 512: the gather of KV rows in its own
-warps, overlapped with the two products of the previous block.
+"""Hopper (sm_90a) Gluon kernel of `sparse_attn` for d = 512: the KV gather in its own warps,
+and two consumer warpgroups that take alternate blocks' scores and share each block's
+``P kv`` by halves of d, so one's softmax runs under the other's products.
 
 Why it exists. The Triton kernel (`sparse_attn._sparse_attn_kernel`) runs one 197 KB CTA an SM
 that issues the cp.async gather of block j + 1, then waits, multiplies ``S = q kv^T``, takes
@@ -9,36 +10,43 @@ the H200 decode point (twelfth session) read 0.27 instructions issued a cycle pe
 
 Design (one program = one query position x 64 heads x one share of the top-k slots, as the
 Triton kernel's grid; the same FP32 online softmax in base 2 and the same workspace format
-for split shares, folded by `sparse_attn._sparse_attn_combine_kernel`):
+for split shares, folded by `sparse_attn._sparse_attn_combine_kernel`). Blocks come in pairs:
+block 2t is WG0's, block 2t + 1 WG1's (the "seesaw" schedule of FlashMLA's Hopper kernels,
+written here from its description, not its code):
 
-- A producer partition of 4 warps gathers each block's ``[BK, 512]`` bf16 rows by cp.async
-  (masked slots -- empty, past the share, out of range -- are zero-filled, never read) into a
-  ``STAGES``-deep ring in shared memory; each lane's copies arrive on the stage's ready barrier
-  (``cp.async.mbarrier.arrive.noinc``: the barrier counts the partition's 128 lanes). A stage
-  is refilled once the consumers release it (its empty barrier).
-- The consumer partition is two warpgroups (8 warps) over the 64 heads: ``S = q kv^T``
-  (wgmma, q and the block from shared memory, each warpgroup 32 of the block's slots), the
-  online softmax over the whole row (the compiler exchanges the two halves' maxima and sums),
-  ``P`` rounded to bf16 as the register A operand of ``acc += P kv`` (each warpgroup 256 of
-  the 512 columns: a [64, 256] FP32 tile, 128 registers a thread). The block in shared memory
-  serves both products (K-major for the first, N-major for the second), so each gathered row
-  is read from HBM once per query for all heads.
+- Shared memory: q as two ``[64, 256]`` halves of d (64 KB), two KV buffers of ``[BK, 512]``
+  rows, each as two ``[BK, 256]`` halves with their own ready / empty barriers (128 KB), two
+  bf16 P tiles (16 KB) and two row vectors for the exchanged maxima and the final row sums.
+  The buffers alternate between the warpgroups pair by pair (WG0 takes buffer t % 2): with a
+  fixed buffer the compiler hoisted every wgmma descriptor out of the loop and spilled them.
+- Gather partition (4 warps): cp.async of each half buffer once its consumer released it,
+  in the order the previous pair releases them (each lane's copies arrive on the half's ready
+  barrier: ``cp.async.mbarrier.arrive.noinc``, the barrier counts the 128 lanes); empty slots
+  -- masked, past the share, out of range -- are zero-filled, never read.
+- WG0 (the default partition; left half of d of the output): ``S0 = q kv0^T`` (wgmma from
+  shared memory, both halves of d), the online softmax of its block at max ``m0`` (handed to
+  WG1 through shared memory), ``acc += P0 kv0[:, :256]`` (P0 from registers); then, once WG1's
+  max ``m1`` (>= m0) is in, it rescales P0 to m1 into shared memory for WG1, rescales its acc
+  and adds ``P1 kv1[:, :256]`` from WG1's P tile.
+- WG1 (a worker partition; right half): ``S1 = q kv1^T``, its softmax at ``m1 = max(m0,
+  rowmax S1)``, P1 into shared memory for WG0, ``acc += P1 kv1[:, 256:]`` from registers, then
+  ``P0 kv0[:, 256:]`` from WG0's tile. Both warpgroups end a pair at the same max; their row
+  sums are added once, in the epilogue, where each stores its half of d.
 - Heads are padded to 64 (q rows past h load as zeros, never stored).
 
-Status: compiled for sm_90a by the compile tier (no spills: consumers 208 registers, the
-producer 88); correct on the H200 (GPU tests); engine ``"gluon"`` of `sparse_attn`, its default
-on sm_90 for d = 512 and more than 32 heads (``LOWBIT_SPARSE_ATTN_ENGINE`` overrides). H200,
-twelfth session, beside the Triton kernel in one process (`scripts/probes/
-sparse_attn_engines.py`): decode (b=64, h=64, top-k 2048) 65.2-66.1 us against 90.5 (split 2;
-split 1 / 4: 90.7 / 88.5), prefill (b=1, s=1024) 709 against 1095; 32-slot blocks x 4 stages
-80.5 / 984. What bounds it (decode, same probe): 64.4 us without the gather, 53.0 without
-either product: the consumers' serial block sequence (scores, wait, two cross-warpgroup
-exchanges, exp2, P through shared memory, PV, wait, release; about ten partition barriers a
-block). Thirteenth session: the softmax row sums kept per element and reduced once after the
-loop (one cross-warpgroup exchange a block fewer; 8 partition barriers a block in the PTX):
-decode 65.3 -> 63.6 us, prefill 706.0 -> 663.6 (`sparse_attn_engines.py ab`, same process).
-Passing P to the PV wgmma through shared memory as its A operand (stmatrix, 5 barriers a
-block, 205 KB of shared memory) measured the same (63.9 / 657.5 us) and was not kept. Gluon
+What the pairing buys over the twelfth / thirteenth sessions' kernel (two warpgroups on every
+block, 32 slots each for S and 256 columns each for P kv: two cross-warpgroup exchanges and
+about ten partition barriers a block): S runs as 64-slot wgmmas, no score tile crosses a
+warpgroup, and the exchanges are one-way hand-offs on mbarriers. H200 (fourteenth session,
+`scripts/probes/sparse_attn_engines.py ab`, one process): decode (b=64, h=64, top-k 2048) split
+2 63.7 -> 62.5 us, split 1 84.6 -> 72.3; prefill (b=1, s=1024) 664.6 -> 577.6. What bounds it
+(decode, split 2): 48.1 us without the gather, 57.9 without the P kv products: the consumers'
+chain, and the gather of the two half buffers released only at the end of a pair (both
+buffers are in use during a pair; q's 64 KB leaves no room for a third).
+
+Status: compiled for sm_90a by the compile tier (no spills: WG0 224 registers, WG1 208, the
+gather 72); correct on the H200 (GPU tests); engine ``"gluon"`` of `sparse_attn`, its default
+on sm_90 for d = 512 and more than 32 heads (``LOWBIT_SPARSE_ATTN_ENGINE`` overrides). Gluon
 does not run under the Triton interpreter, where the Triton kernel stays the path.
 """
 
@@ -60,72 +68,216 @@ __all__ = ["GLUON_TILES", "HEADS", "HEAD_DIM", "compile_configs", "sparse_attn_s
 #: The only head dimension and head tile of this kernel (DeepSeek V4's MQA: d = 512).
 HEAD_DIM = 512
 HEADS = 64
-#: (block_kv, stages) the kernel is built for: the KV ring is ``stages * block_kv`` KB beside
-#: q's 64 KB.
-GLUON_TILES = ((64, 2), (32, 4))
-#: Producer partition: warps and registers (setmaxnreg); the consumers get the rest.
+#: (block_kv, stages) the kernel is built for: two KV buffers of ``block_kv`` slots (one a
+#: consumer warpgroup), each in two halves of d with their own barriers, beside q's 64 KB.
+GLUON_TILES = ((64, 2),)
+#: Registers (setmaxnreg) of the second consumer warpgroup and of the gather partition; the
+#: first consumer (the default partition) gets what is left of the 64K.
+_WG1_REGS = gl.constexpr(208)
 _LOAD_WARPS = gl.constexpr(4)
-_LOAD_REGS = gl.constexpr(88)
+_LOAD_REGS = gl.constexpr(72)
+#: Exchange barriers between the consumer warpgroups (one arrive a partition each).
+_M0 = gl.constexpr(0)        # WG0's new max after its block is in m_smem[0]
+_M1 = gl.constexpr(1)        # WG1's new max after its block is in m_smem[1]
+_P0_READY = gl.constexpr(2)  # WG0's P, at WG1's max, is in p_smem[0]
+_P1_READY = gl.constexpr(3)  # WG1's P is in p_smem[1]
+_P0_FREE = gl.constexpr(4)   # WG1's product on p_smem[0] finished
+_P1_FREE = gl.constexpr(5)   # WG0's product on p_smem[1] finished
+_L0 = gl.constexpr(6)        # row sums in l_smem (epilogue)
+_L1 = gl.constexpr(7)
 
 
 @gluon.jit
-def _gather_partition(kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, empty,
-                      BK: gl.constexpr, STAGES: gl.constexpr):
-    """Producer: block j's rows into stage j % STAGES once the consumers released it (the empty
-    barriers start in phase 0, so waiting on phase 1 passes for the first STAGES blocks)."""
-    D: gl.constexpr = kv_ring.shape[2]
+def _fill(kv_base, idx, ok, cols, stride_kvn, kv_ring, ready, empty, slot: gl.constexpr, buf, phase):
+    """One half of d of a block's rows into ring slot ``2 * buf + slot % 2`` once its consumer
+    released it (empty rows zero-filled, never read)."""
+    DH: gl.constexpr = kv_ring.shape[2]
+    half: gl.constexpr = slot % 2
+    src = kv_base + idx.to(gl.int64)[:, None] * stride_kvn + (cols + half * DH)[None, :]
+    mbarrier.wait(empty.index(2 * buf + half), phase)
+    async_copy.async_copy_global_to_shared(kv_ring.index(2 * buf + half), src, mask=ok[:, None])
+    async_copy.mbarrier_arrive(ready.index(2 * buf + half), increment_count=False)
+
+
+@gluon.jit
+def _gather_partition(kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty,
+                      BK: gl.constexpr):
+    """Producer: pair t's blocks 2t (WG0's, buffer t % 2) and 2t + 1 (WG1's, the other buffer),
+    half buffers in the order the previous pair releases them: WG1's left and WG0's right
+    halves are freed by the consumers' own products mid-pair, the other two only once the
+    exchanged products finish (the empty barriers start in phase 0, so waiting on phase 1
+    passes for the first pair). Slots past ``hi`` (the odd block of a pair) zero-fill."""
+    DH: gl.constexpr = kv_ring.shape[2]
     g_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [_LOAD_WARPS, 1], [1, 0])  # 16-byte copies
     rows = gl.arange(0, BK, layout=gl.SliceLayout(1, g_l))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, g_l))
-    nblk = gl.cdiv(hi - lo, BK)
-    for j in range(nblk):
-        st = j % STAGES
-        mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
-        slot = lo + j * BK + rows
-        idx = gl.load(idx_base + slot, mask=slot < hi, other=-1)
-        ok = (idx >= 0) & (idx < N)
-        src = kv_base + idx.to(gl.int64)[:, None] * stride_kvn + cols[None, :]
-        async_copy.async_copy_global_to_shared(kv_ring.index(st), src, mask=ok[:, None])
-        async_copy.mbarrier_arrive(ready.index(st), increment_count=False)
+    cols = gl.arange(0, DH, layout=gl.SliceLayout(0, g_l))
+    for t in range(npairs):
+        phase = (t & 1) ^ 1
+        b0 = t % 2
+        b1 = 1 - b0
+        slot0 = lo + 2 * t * BK + rows
+        slot1 = slot0 + BK
+        idx0 = gl.load(idx_base + slot0, mask=slot0 < hi, other=-1)
+        idx1 = gl.load(idx_base + slot1, mask=slot1 < hi, other=-1)
+        ok0 = (idx0 >= 0) & (idx0 < N)
+        ok1 = (idx1 >= 0) & (idx1 < N)
+        _fill(kv_base, idx1, ok1, cols, stride_kvn, kv_ring, ready, empty, 0, b1, phase)
+        _fill(kv_base, idx0, ok0, cols, stride_kvn, kv_ring, ready, empty, 1, b0, phase)
+        _fill(kv_base, idx0, ok0, cols, stride_kvn, kv_ring, ready, empty, 0, b0, phase)
+        _fill(kv_base, idx1, ok1, cols, stride_kvn, kv_ring, ready, empty, 1, b1, phase)
 
 
 @gluon.jit
-def _attend_partition(q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale,
-                      BK: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """Consumers (two warpgroups): per block, scores, online softmax, ``acc += P kv``; returns
-    the unnormalized ``acc [64, 512]`` and the running max / sum per head (log2 units)."""
-    D: gl.constexpr = kv_ring.shape[2]
-    HT: gl.constexpr = q_smem.shape[0]
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16])
+def _scores(q_smem, kv_ring, ready, buf, phase, idx_base, N, lo, hi, j, qk_scale, s_l: gl.constexpr,
+            FIRST: gl.constexpr):
+    """``S = q kv^T`` of block j (buffer `buf`, half FIRST of d first: the one the gather refills
+    first), in log2 units, empty slots -inf: ``[64, BK]`` FP32 in the warpgroup's wgmma layout."""
+    BK: gl.constexpr = kv_ring.shape[1]
+    HT: gl.constexpr = q_smem.shape[1]
+    # q's half index through a zero the compiler cannot prove (j < hi): constant indices let
+    # it hoist all 32 wgmma descriptors of q out of the loop, 64 registers it then spills
+    qh = FIRST + j // (hi + 1)
+    mbarrier.wait(ready.index(2 * buf + FIRST), phase)
+    s = warpgroup_mma(q_smem.index(qh), kv_ring.index(2 * buf + FIRST).permute((1, 0)),
+                      gl.zeros([HT, BK], gl.float32, s_l), use_acc=False, is_async=True)
+    mbarrier.wait(ready.index(2 * buf + 1 - FIRST), phase)
+    s = warpgroup_mma(q_smem.index(1 - qh), kv_ring.index(2 * buf + 1 - FIRST).permute((1, 0)), s, is_async=True)
+    # the slots' validity loaded once a slot (not once per column a thread holds), then spread
+    slot = lo + j * BK + gl.arange(0, BK, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    idx = gl.load(idx_base + slot, mask=slot < hi, other=-1)
+    ok = gl.convert_layout((idx >= 0) & (idx < N), gl.SliceLayout(0, s_l))
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    return gl.where(ok[None, :], s * qk_scale, float("-inf"))
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0,
+              SPLIT_OUT: gl.constexpr):
+    """A consumer's half of d: the two warpgroups' row sums added through shared memory, then
+    the normalized bf16 rows (or, with SPLIT_OUT, the FP32 share and, from WG0, m and l)."""
+    o_l: gl.constexpr = acc.type.layout
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    HT: gl.constexpr = acc.shape[0]
+    DH: gl.constexpr = acc.shape[1]
+    l_smem.slice(HALF * HT, HT).store(l_i)
+    mbarrier.arrive(bars.index(_L0 + HALF), count=1)
+    mbarrier.wait(bars.index(_L1 - HALF), 0)
+    l_o = gl.convert_layout(l_i, row_o) + l_smem.slice((1 - HALF) * HT, HT).load(row_o)
+    m_o = gl.convert_layout(m_i, row_o)
+    rows = rows0 + gl.arange(0, HT, layout=row_o)
+    dd = HALF * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
+    h_ok = rows < H
+    if SPLIT_OUT:
+        ws = out_ptr + (ws_row0 + rows.to(gl.int64)) * (2 * DH + 2)
+        gl.store(ws[:, None] + dd[None, :], acc, mask=h_ok[:, None])
+        if HALF == 0:
+            gl.store(ws + 2 * DH, m_o, mask=h_ok)
+            gl.store(ws + 2 * DH + 1, l_o, mask=h_ok)
+    else:
+        # the sink joins the denominator only; l = 0 only when every slot is empty and the sink
+        # is -inf (acc = 0 there: 0 * 1, not 0 / 0)
+        sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
+        l_o = l_o + gl.exp2(sink - m_o)
+        inv = 1.0 / gl.where(l_o > 0.0, l_o, 1.0)
+        o = out_ptr + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
+        gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
+
+
+@gluon.jit
+def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
+                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
+    """Consumer WG0 (the default partition): the even blocks' scores and softmax, and the
+    left half of d of ``acc += P kv`` for every block (its own P from registers, WG1's from
+    shared memory)."""
+    BK: gl.constexpr = kv_ring.shape[1]
+    DH: gl.constexpr = kv_ring.shape[2]
+    HT: gl.constexpr = q_smem.shape[1]
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-    slots = gl.arange(0, BK, layout=gl.SliceLayout(0, s_l))
-    m_i = gl.full([HT], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
-    # the row sums kept per element and reduced once after the loop: a row's 64 slots span both
-    # warpgroups, so a per-block sum would cost a cross-warpgroup exchange (two barriers) a block
-    l_blk = gl.zeros([HT, BK], gl.float32, s_l)
-    acc = gl.zeros([HT, D], gl.float32, o_l)
-    nblk = gl.cdiv(hi - lo, BK)
-    for j in range(nblk):
-        st = j % STAGES
-        slot = lo + j * BK + slots
-        idx = gl.load(idx_base + slot, mask=slot < hi, other=-1)
-        ok = (idx >= 0) & (idx < N)
-        mbarrier.wait(ready.index(st), (j // STAGES) & 1)
-        blk = kv_ring.index(st)
-        s = warpgroup_mma(q_smem, blk.permute((1, 0)), gl.zeros([HT, BK], gl.float32, s_l), use_acc=False)
-        s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
+    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    m_i = gl.full([HT], -1.0e30, gl.float32, row_s)
+    l_i = gl.zeros([HT], gl.float32, row_s)
+    acc = gl.zeros([HT, DH], gl.float32, o_l)
+    for t in range(npairs):
+        phase = t & 1
+        mine = t % 2  # WG0's buffer this pair (alternating, so no descriptor is loop-invariant)
+        other = 1 - mine
+        s = _scores(q_smem, kv_ring, ready, mine, phase, idx_base, N, lo, hi, 2 * t, qk_scale, s_l, 1)
         m_new = gl.maximum(m_i, gl.max(s, 1))
-        alpha = gl.exp2(m_i - m_new)
+        m_smem.slice(0, HT).store(m_new)
+        mbarrier.arrive(bars.index(_M0), count=1)
         p = gl.exp2(s - m_new[:, None])
-        l_blk = l_blk * alpha[:, None] + p
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), kv_ring.index(2 * mine), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(st), count=1)  # (Gluon syncs the partition's warps first)
-    l_i = gl.sum(l_blk, 1)
-    return acc, gl.convert_layout(m_i, gl.SliceLayout(1, o_l)), gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+        mbarrier.arrive(empty.index(2 * mine), count=1)  # its block's left half: done with
+        # WG1's max after its block covers both: P for WG1's half is rescaled to it
+        mbarrier.wait(bars.index(_M1), phase)
+        m_i = m_smem.slice(HT, HT).load(row_s)
+        beta = gl.exp2(m_new - m_i)
+        l_i = l_i * beta
+        mbarrier.wait(bars.index(_P0_FREE), phase ^ 1)
+        p_smem.index(0).store((p * beta[:, None]).to(gl.bfloat16))
+        fence_async_shared()
+        mbarrier.arrive(bars.index(_P0_READY), count=1)
+        acc = acc * gl.convert_layout(beta, row_o)[:, None]
+        mbarrier.wait(bars.index(_P1_READY), phase)
+        acc = warpgroup_mma(p_smem.index(1), kv_ring.index(2 * other), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(2 * other), count=1)  # WG1's block's left half
+        mbarrier.arrive(bars.index(_P1_FREE), count=1)
+    _epilogue(acc, m_i, l_i, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT)
+
+
+@gluon.jit
+def _attend_odd(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
+                sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
+    """Consumer WG1 (a worker partition): the odd blocks' scores and softmax (its max starts
+    from WG0's of the same pair), and the right half of d of ``acc += P kv`` for every block."""
+    BK: gl.constexpr = kv_ring.shape[1]
+    DH: gl.constexpr = kv_ring.shape[2]
+    HT: gl.constexpr = q_smem.shape[1]
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_l)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    m_i = gl.full([HT], -1.0e30, gl.float32, row_s)
+    l_i = gl.zeros([HT], gl.float32, row_s)
+    acc = gl.zeros([HT, DH], gl.float32, o_l)
+    for t in range(npairs):
+        phase = t & 1
+        mine = (t + 1) % 2  # WG1's buffer this pair
+        other = 1 - mine
+        s = _scores(q_smem, kv_ring, ready, mine, phase, idx_base, N, lo, hi, 2 * t + 1, qk_scale, s_l, 0)
+        m_blk = gl.max(s, 1)
+        mbarrier.wait(bars.index(_M0), phase)
+        m_new = gl.maximum(m_smem.slice(0, HT).load(row_s), m_blk)
+        m_smem.slice(HT, HT).store(m_new)
+        mbarrier.arrive(bars.index(_M1), count=1)
+        p = gl.exp2(s - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        m_i = m_new
+        l_i = l_i * alpha + gl.sum(p, 1)
+        pb = p.to(gl.bfloat16)
+        mbarrier.wait(bars.index(_P1_FREE), phase ^ 1)
+        p_smem.index(1).store(pb)
+        fence_async_shared()
+        mbarrier.arrive(bars.index(_P1_READY), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(pb, p_l), kv_ring.index(2 * mine + 1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(2 * mine + 1), count=1)  # its block's right half
+        mbarrier.wait(bars.index(_P0_READY), phase)
+        acc = warpgroup_mma(p_smem.index(0), kv_ring.index(2 * other + 1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(2 * other + 1), count=1)  # WG0's block's right half
+        mbarrier.arrive(bars.index(_P0_FREE), count=1)
+    _epilogue(acc, m_i, l_i, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT)
 
 
 @gluon.jit
@@ -140,8 +292,13 @@ def _sparse_attn_sm90_kernel(
     BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_OUT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (head tile of 64, query ``(b, s)``, top-k share); ``out_ptr`` bf16 ``[b, s, h,
-    512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l)."""
+    512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l).
+    Three partitions of one warpgroup each: WG0 (even blocks, left half of d), WG1 (odd
+    blocks, right half), the gather."""
+    gl.static_assert(STAGES == 2, "two KV buffers: one a consumer warpgroup")
+    gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
     D: gl.constexpr = 512
+    DH: gl.constexpr = D // 2
     HT: gl.constexpr = 64
     pid_h = gl.program_id(0)
     pid_t = gl.program_id(1)
@@ -150,48 +307,48 @@ def _sparse_attn_sm90_kernel(
     si = (pid_t % S).to(gl.int64)
     lo = pid_s * slots_per_split
     hi = gl.minimum(lo + slots_per_split, TOPK)
+    npairs = gl.cdiv(hi - lo, 2 * BK)
     idx_base = idx_ptr + bi * stride_ib + si * stride_is
     kv_base = kv_ptr + bi * stride_kvb
 
+    half_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HT, DH], gl.bfloat16)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, HT, DH], half_l)
     q_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     heads = pid_h * HT + gl.arange(0, HT, layout=gl.SliceLayout(1, q_l))
-    dq = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
-    q = gl.load(q_ptr + bi * stride_qb + si * stride_qs + heads[:, None] * stride_qh + dq[None, :],
-                mask=(heads < H)[:, None], other=0.0)
-    smem_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, D], gl.bfloat16)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [HT, D], gl.NVMMASharedLayout.get_default_for([HT, D], gl.bfloat16),
-                                       q)
-    kv_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, D], smem_l)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
+    dq = gl.arange(0, DH, layout=gl.SliceLayout(0, q_l))
+    q_rows = q_ptr + bi * stride_qb + si * stride_qs + heads[:, None] * stride_qh + dq[None, :]
+    for half in gl.static_range(2):  # q rows past h load as zeros, never stored
+        q_smem.index(half).store(gl.load(q_rows + half * DH, mask=(heads < H)[:, None], other=0.0))
+    kv_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BK, DH], gl.NVMMASharedLayout.get_default_for([BK, DH],
+                                                                                                      gl.bfloat16))
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, HT, BK], gl.NVMMASharedLayout.get_default_for([HT, BK],
+                                                                                                     gl.bfloat16))
+    vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])  # [2 * 64]: one row vector a warpgroup
+    m_smem = gl.allocate_shared_memory(gl.float32, [2 * HT], vec_l)
+    l_smem = gl.allocate_shared_memory(gl.float32, [2 * HT], vec_l)
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=32 * _LOAD_WARPS.value)  # one cp.async arrive a producer lane
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)  # one consumer partition frees each half buffer
+    for i in gl.static_range(8):
+        mbarrier.init(bars.index(i), count=1)
     fence_async_shared()  # q's generic-proxy store before the wgmmas read it
 
-    acc, m_i, l_i = gl.warp_specialize([
-        (_attend_partition, (q_smem, kv_ring, ready, empty, idx_base, N, lo, hi, qk_scale, BK, STAGES, num_warps)),
-        (_gather_partition, (kv_base, idx_base, N, lo, hi, stride_kvn, kv_ring, ready, empty, BK, STAGES)),
-    ], [_LOAD_WARPS.value], [_LOAD_REGS.value])
-
-    o_l: gl.constexpr = acc.type.layout
-    rows = pid_h * HT + gl.arange(0, HT, layout=gl.SliceLayout(1, o_l))
-    dd = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
-    h_ok = rows < H
     if SPLIT_OUT:
-        row = (pid_t * gl.num_programs(2) + pid_s).to(gl.int64) * H + rows
-        ws = out_ptr + row * (D + 2)
-        gl.store(ws[:, None] + dd[None, :], acc, mask=h_ok[:, None])
-        gl.store(ws + D, m_i, mask=h_ok)
-        gl.store(ws + D + 1, l_i, mask=h_ok)
+        dst = out_ptr
+        ws_row0 = (pid_t * gl.num_programs(2) + pid_s).to(gl.int64) * H
     else:
-        # the sink joins the denominator only; l = 0 only when every slot is empty and the sink
-        # is -inf (acc = 0 there: 0 * 1, not 0 / 0)
-        sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
-        l_i = l_i + gl.exp2(sink - m_i)
-        inv = 1.0 / gl.where(l_i > 0.0, l_i, 1.0)
-        o = out_ptr + bi * stride_ob + si * stride_os + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
-        gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
+        dst = out_ptr + bi * stride_ob + si * stride_os
+        ws_row0 = (pid_t * 0).to(gl.int64)
+    gl.warp_specialize([
+        (_attend_even, (q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
+                        qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT)),
+        (_attend_odd, (q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
+                       qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT)),
+        (_gather_partition, (kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty, BK)),
+    ], [4, _LOAD_WARPS.value], [_WG1_REGS.value, _LOAD_REGS.value])
 
 
 def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
@@ -204,7 +361,7 @@ def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, p
     b, s, h, _ = q.shape
     _sparse_attn_sm90_kernel[(triton.cdiv(h, HEADS), b * s, splits)](
         *kernel_args(q, kv, sink, topk_idxs, dst, out, qk_scale, per),
-        BK=block_kv, STAGES=stages, SPLIT_OUT=splits > 1, num_warps=8,
+        BK=block_kv, STAGES=stages, SPLIT_OUT=splits > 1, num_warps=4,
     )
 
 
@@ -226,7 +383,7 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"sparse_attn_sm90[BK={bk},stages={stages}{',split' if split else ''}]", _sparse_attn_sm90_kernel,
                 dict(sig, out_ptr="*fp32") if split else sig,
-                {"BK": bk, "STAGES": stages, "SPLIT_OUT": split, "num_warps": 8},
-                num_warps=8, num_stages=1, expect_sass=("HGMMA", "LDGSTS"),
+                {"BK": bk, "STAGES": stages, "SPLIT_OUT": split, "num_warps": 4},
+                num_warps=4, num_stages=1, expect_sass=("HGMMA", "LDGSTS"),
                 unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
     return cfgs
