@@ -212,10 +212,10 @@ def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, id
         alpha = gl.exp2(m_i - m_new)
         l_i = l_i * alpha + gl.sum(p, 1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), kv_ring.index(2 * mine), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(2 * mine), count=1)  # its block's left half: done with
-        # WG1's max after its block covers both: P for WG1's half is rescaled to it
+        pa = gl.convert_layout(p.to(gl.bfloat16), p_l)
+        acc = warpgroup_mma(pa, kv_ring.index(2 * mine), acc, is_async=True)
+        # under that product: WG1's max after its block covers both; P for WG1's half is
+        # rescaled to it
         mbarrier.wait(bars.index(_M1), phase)
         m_i = m_smem.slice(HT, HT).load(row_s)
         beta = gl.exp2(m_new - m_i)
@@ -224,6 +224,8 @@ def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, id
         p_smem.index(0).store((p * beta[:, None]).to(gl.bfloat16))
         fence_async_shared()
         mbarrier.arrive(bars.index(_P0_READY), count=1)
+        acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
+        mbarrier.arrive(empty.index(2 * mine), count=1)  # its block's left half: done with
         acc = acc * gl.convert_layout(beta, row_o)[:, None]
         mbarrier.wait(bars.index(_P1_READY), phase)
         acc = warpgroup_mma(p_smem.index(1), kv_ring.index(2 * other), acc, is_async=True)
@@ -269,11 +271,12 @@ def _attend_odd(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx
         fence_async_shared()
         mbarrier.arrive(bars.index(_P1_READY), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(pb, p_l), kv_ring.index(2 * mine + 1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(2 * mine + 1), count=1)  # its block's right half
-        mbarrier.wait(bars.index(_P0_READY), phase)
+        pa = gl.convert_layout(pb, p_l)
+        acc = warpgroup_mma(pa, kv_ring.index(2 * mine + 1), acc, is_async=True)
+        mbarrier.wait(bars.index(_P0_READY), phase)  # (under the product above)
         acc = warpgroup_mma(p_smem.index(0), kv_ring.index(2 * other + 1), acc, is_async=True)
+        acc, pa = warpgroup_mma_wait(num_outstanding=1, deps=(acc, pa))
+        mbarrier.arrive(empty.index(2 * mine + 1), count=1)  # its block's right half
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(2 * other + 1), count=1)  # WG0's block's right half
         mbarrier.arrive(bars.index(_P0_FREE), count=1)
