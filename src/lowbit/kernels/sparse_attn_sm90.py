@@ -77,22 +77,20 @@ _WG1_REGS = gl.constexpr(208)
 _LOAD_WARPS = gl.constexpr(4)
 _LOAD_REGS = gl.constexpr(72)
 #: Exchange barriers between the consumer warpgroups (one arrive a partition each).
-_M0 = gl.constexpr(0)        # WG0's new max after its block is in m_smem[0]
-_M1 = gl.constexpr(1)        # WG1's new max after its block is in m_smem[1]
-_P0_READY = gl.constexpr(2)  # WG0's P, at WG1's max, is in p_smem[0]
-_P1_READY = gl.constexpr(3)  # WG1's P is in p_smem[1]
-_P0_FREE = gl.constexpr(4)   # WG1's product on p_smem[0] finished
-_P1_FREE = gl.constexpr(5)   # WG0's product on p_smem[1] finished
-_L0 = gl.constexpr(6)        # row sums in l_smem (epilogue)
-_L1 = gl.constexpr(7)
+_P0_READY = gl.constexpr(0)  # WG0's max m0 (m_smem[0]) and its P at m0 (p_smem[0]) are in
+_P1_READY = gl.constexpr(1)  # WG1's max m1 (>= m0) and its P at m1 are in
+_P0_FREE = gl.constexpr(2)   # WG1 is done with p_smem[0] / m_smem[0]
+_P1_FREE = gl.constexpr(3)   # WG0 is done with p_smem[1] / m_smem[1]
+_L0 = gl.constexpr(4)        # row sums in l_smem (epilogue)
+_L1 = gl.constexpr(5)
+_NBARS = gl.constexpr(6)
 
 
 @gluon.jit
-def _fill(kv_base, idx, ok, cols, stride_kvn, kv_ring, ready, empty, slot: gl.constexpr, buf, phase):
-    """One half of d of a block's rows into ring slot ``2 * buf + slot % 2`` once its consumer
+def _fill(kv_base, idx, ok, cols, stride_kvn, kv_ring, ready, empty, buf: gl.constexpr, half: gl.constexpr, phase):
+    """One half of d of a block's rows into ring slot ``2 * buf + half`` once its consumer
     released it (empty rows zero-filled, never read)."""
     DH: gl.constexpr = kv_ring.shape[2]
-    half: gl.constexpr = slot % 2
     src = kv_base + idx.to(gl.int64)[:, None] * stride_kvn + (cols + half * DH)[None, :]
     mbarrier.wait(empty.index(2 * buf + half), phase)
     async_copy.async_copy_global_to_shared(kv_ring.index(2 * buf + half), src, mask=ok[:, None])
@@ -102,52 +100,53 @@ def _fill(kv_base, idx, ok, cols, stride_kvn, kv_ring, ready, empty, slot: gl.co
 @gluon.jit
 def _gather_partition(kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty,
                       BK: gl.constexpr):
-    """Producer: pair t's blocks 2t (WG0's, buffer t % 2) and 2t + 1 (WG1's, the other buffer),
-    half buffers in the order the previous pair releases them: WG1's left and WG0's right
-    halves are freed by the consumers' own products mid-pair, the other two only once the
-    exchanged products finish (the empty barriers start in phase 0, so waiting on phase 1
-    passes for the first pair). Slots past ``hi`` (the odd block of a pair) zero-fill."""
+    """Producer: pair t's blocks 2t (WG0's, buffer 0) and 2t + 1 (WG1's, buffer 1), half
+    buffers in the order the previous pair released them: buffer 0 mid-pair (WG0's own product
+    and WG1's product on WG0's P both run before WG1's softmax is done), buffer 1 at its end
+    (the empty barriers start in phase 0, so waiting on phase 1 passes for the first pair).
+    Slots past ``hi`` (the odd block of a pair) zero-fill."""
     DH: gl.constexpr = kv_ring.shape[2]
     g_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [_LOAD_WARPS, 1], [1, 0])  # 16-byte copies
     rows = gl.arange(0, BK, layout=gl.SliceLayout(1, g_l))
     cols = gl.arange(0, DH, layout=gl.SliceLayout(0, g_l))
     for t in range(npairs):
         phase = (t & 1) ^ 1
-        b0 = t % 2
-        b1 = 1 - b0
         slot0 = lo + 2 * t * BK + rows
         slot1 = slot0 + BK
         idx0 = gl.load(idx_base + slot0, mask=slot0 < hi, other=-1)
         idx1 = gl.load(idx_base + slot1, mask=slot1 < hi, other=-1)
         ok0 = (idx0 >= 0) & (idx0 < N)
         ok1 = (idx1 >= 0) & (idx1 < N)
-        _fill(kv_base, idx1, ok1, cols, stride_kvn, kv_ring, ready, empty, 0, b1, phase)
-        _fill(kv_base, idx0, ok0, cols, stride_kvn, kv_ring, ready, empty, 1, b0, phase)
-        _fill(kv_base, idx0, ok0, cols, stride_kvn, kv_ring, ready, empty, 0, b0, phase)
-        _fill(kv_base, idx1, ok1, cols, stride_kvn, kv_ring, ready, empty, 1, b1, phase)
+        _fill(kv_base, idx0, ok0, cols, stride_kvn, kv_ring, ready, empty, 0, 0, phase)
+        _fill(kv_base, idx0, ok0, cols, stride_kvn, kv_ring, ready, empty, 0, 1, phase)
+        _fill(kv_base, idx1, ok1, cols, stride_kvn, kv_ring, ready, empty, 1, 1, phase)
+        _fill(kv_base, idx1, ok1, cols, stride_kvn, kv_ring, ready, empty, 1, 0, phase)
 
 
 @gluon.jit
-def _scores(q_smem, kv_ring, ready, buf, phase, idx_base, N, lo, hi, j, qk_scale, s_l: gl.constexpr,
-            FIRST: gl.constexpr):
-    """``S = q kv^T`` of block j (buffer `buf`, half FIRST of d first: the one the gather refills
-    first), in log2 units, empty slots -inf: ``[64, BK]`` FP32 in the warpgroup's wgmma layout."""
+def _scores_issue(q_smem, kv_ring, ready, buf, z, phase, s_l: gl.constexpr, FIRST: gl.constexpr):
+    """Issue ``S = q kv^T`` of the block in buffer `buf` (half FIRST of d first: the one the
+    gather refills first) as two async wgmma groups. `z` is a zero the compiler cannot prove
+    (``t // (npairs + 1)``) that `buf` and q's half index carry: with constant indices it hoists
+    all 32 wgmma descriptors out of the loop, 64 registers it then spills."""
     BK: gl.constexpr = kv_ring.shape[1]
     HT: gl.constexpr = q_smem.shape[1]
-    # q's half index through a zero the compiler cannot prove (j < hi): constant indices let
-    # it hoist all 32 wgmma descriptors of q out of the loop, 64 registers it then spills
-    qh = FIRST + j // (hi + 1)
+    qh = FIRST + z
     mbarrier.wait(ready.index(2 * buf + FIRST), phase)
     s = warpgroup_mma(q_smem.index(qh), kv_ring.index(2 * buf + FIRST).permute((1, 0)),
                       gl.zeros([HT, BK], gl.float32, s_l), use_acc=False, is_async=True)
     mbarrier.wait(ready.index(2 * buf + 1 - FIRST), phase)
-    s = warpgroup_mma(q_smem.index(1 - qh), kv_ring.index(2 * buf + 1 - FIRST).permute((1, 0)), s, is_async=True)
-    # the slots' validity loaded once a slot (not once per column a thread holds), then spread
+    return warpgroup_mma(q_smem.index(1 - qh), kv_ring.index(2 * buf + 1 - FIRST).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _slot_mask(idx_base, N, lo, hi, j, BK: gl.constexpr, s_l: gl.constexpr):
+    """Block j's slot validity ``[BK]`` in the score layout's columns: loaded once a slot, then
+    spread (not once per column a thread holds)."""
     slot = lo + j * BK + gl.arange(0, BK, layout=gl.BlockedLayout([1], [32], [4], [0]))
     idx = gl.load(idx_base + slot, mask=slot < hi, other=-1)
-    ok = gl.convert_layout((idx >= 0) & (idx < N), gl.SliceLayout(0, s_l))
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    return gl.where(ok[None, :], s * qk_scale, float("-inf"))
+    return gl.convert_layout((idx >= 0) & (idx < N), gl.SliceLayout(0, s_l))
+
 
 
 @gluon.jit
@@ -186,9 +185,10 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
 @gluon.jit
 def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
                  sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
-    """Consumer WG0 (the default partition): the even blocks' scores and softmax, and the
-    left half of d of ``acc += P kv`` for every block (its own P from registers, WG1's from
-    shared memory)."""
+    """Consumer WG0 (the default partition; left half of d): block 2t's scores and softmax at
+    ``m0 = max(m, rowmax S0)``, its P (bf16, at m0) and m0 handed to WG1, ``acc += P0
+    kv0[:, :256]`` from registers; then, with WG1's ``m1`` and P1 (at m1), ``acc`` rescaled to
+    m1 and ``acc += P1 kv1[:, :256]`` from WG1's tile."""
     BK: gl.constexpr = kv_ring.shape[1]
     DH: gl.constexpr = kv_ring.shape[2]
     HT: gl.constexpr = q_smem.shape[1]
@@ -202,35 +202,35 @@ def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, id
     acc = gl.zeros([HT, DH], gl.float32, o_l)
     for t in range(npairs):
         phase = t & 1
-        mine = t % 2  # WG0's buffer this pair (alternating, so no descriptor is loop-invariant)
-        other = 1 - mine
-        s = _scores(q_smem, kv_ring, ready, mine, phase, idx_base, N, lo, hi, 2 * t, qk_scale, s_l, 1)
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_smem.slice(0, HT).store(m_new)
-        mbarrier.arrive(bars.index(_M0), count=1)
-        p = gl.exp2(s - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
+        z = t // (npairs + 1)
+        s = _scores_issue(q_smem, kv_ring, ready, z, z, phase, s_l, 0)
+        ok = _slot_mask(idx_base, N, lo, hi, 2 * t, BK, s_l)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m0 = gl.maximum(m_i, gl.max(s, 1))
+        p = gl.exp2(s - m0[:, None])
+        alpha = gl.exp2(m_i - m0)
         l_i = l_i * alpha + gl.sum(p, 1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        pa = gl.convert_layout(p.to(gl.bfloat16), p_l)
-        acc = warpgroup_mma(pa, kv_ring.index(2 * mine), acc, is_async=True)
-        # under that product: WG1's max after its block covers both; P for WG1's half is
-        # rescaled to it
-        mbarrier.wait(bars.index(_M1), phase)
-        m_i = m_smem.slice(HT, HT).load(row_s)
-        beta = gl.exp2(m_new - m_i)
-        l_i = l_i * beta
+        pb = p.to(gl.bfloat16)
         mbarrier.wait(bars.index(_P0_FREE), phase ^ 1)
-        p_smem.index(0).store((p * beta[:, None]).to(gl.bfloat16))
+        m_smem.slice(0, HT).store(m0)
+        p_smem.index(0).store(pb)
         fence_async_shared()
         mbarrier.arrive(bars.index(_P0_READY), count=1)
-        acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
-        mbarrier.arrive(empty.index(2 * mine), count=1)  # its block's left half: done with
-        acc = acc * gl.convert_layout(beta, row_o)[:, None]
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        pa = gl.convert_layout(pb, p_l)
+        acc = warpgroup_mma(pa, kv_ring.index(2 * z), acc, is_async=True)
+        # under that product: WG1's max m1 (>= m0) after its block
         mbarrier.wait(bars.index(_P1_READY), phase)
-        acc = warpgroup_mma(p_smem.index(1), kv_ring.index(2 * other), acc, is_async=True)
+        m_i = m_smem.slice(HT, HT).load(row_s)
+        beta = gl.exp2(m0 - m_i)
+        l_i = l_i * beta
+        acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
+        mbarrier.arrive(empty.index(2 * z), count=1)  # its block's left half
+        acc = acc * gl.convert_layout(beta, row_o)[:, None]
+        acc = warpgroup_mma(p_smem.index(1), kv_ring.index(2 + 2 * z), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(2 * other), count=1)  # WG1's block's left half
+        mbarrier.arrive(empty.index(2 + 2 * z), count=1)  # WG1's block's left half
         mbarrier.arrive(bars.index(_P1_FREE), count=1)
     _epilogue(acc, m_i, l_i, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT)
 
@@ -238,8 +238,12 @@ def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, id
 @gluon.jit
 def _attend_odd(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
-    """Consumer WG1 (a worker partition): the odd blocks' scores and softmax (its max starts
-    from WG0's of the same pair), and the right half of d of ``acc += P kv`` for every block."""
+    """Consumer WG1 (a worker partition; right half of d): block 2t + 1's scores issued first;
+    then, as soon as WG0's P0 and m0 are in, ``acc`` rescaled to m0 and ``acc += P0
+    kv0[:, 256:]`` from WG0's tile, its own softmax (at ``m1 = max(m0, rowmax S1)``) under
+    that product, P1 and m1 handed to WG0, ``acc`` rescaled to m1 and ``acc += P1 kv1[:, 256:]``
+    from registers. WG0's block is thus released mid-pair, and the gather refills it under
+    the rest of the pair."""
     BK: gl.constexpr = kv_ring.shape[1]
     DH: gl.constexpr = kv_ring.shape[2]
     HT: gl.constexpr = q_smem.shape[1]
@@ -253,33 +257,37 @@ def _attend_odd(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx
     acc = gl.zeros([HT, DH], gl.float32, o_l)
     for t in range(npairs):
         phase = t & 1
-        mine = (t + 1) % 2  # WG1's buffer this pair
-        other = 1 - mine
-        s = _scores(q_smem, kv_ring, ready, mine, phase, idx_base, N, lo, hi, 2 * t + 1, qk_scale, s_l, 0)
-        m_blk = gl.max(s, 1)
-        mbarrier.wait(bars.index(_M0), phase)
-        m_new = gl.maximum(m_smem.slice(0, HT).load(row_s), m_blk)
-        m_smem.slice(HT, HT).store(m_new)
-        mbarrier.arrive(bars.index(_M1), count=1)
-        p = gl.exp2(s - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        m_i = m_new
-        l_i = l_i * alpha + gl.sum(p, 1)
+        z = t // (npairs + 1)
+        s = _scores_issue(q_smem, kv_ring, ready, 1 + z, z, phase, s_l, 1)
+        ok = _slot_mask(idx_base, N, lo, hi, 2 * t + 1, BK, s_l)
+        mbarrier.wait(bars.index(_P0_READY), phase)
+        m0 = m_smem.slice(0, HT).load(row_s)
+        alpha = gl.exp2(m_i - m0)
+        # (the scores complete before acc is touched: with them in flight ptxas would insert
+        # that wait itself, C7517)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(p_smem.index(0), kv_ring.index(1 + 2 * z), acc, is_async=True)
+        s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m1 = gl.maximum(m0, gl.max(s, 1))
+        p = gl.exp2(s - m1[:, None])
+        beta = gl.exp2(m0 - m1)
+        l_i = l_i * (alpha * beta) + gl.sum(p, 1)
+        m_i = m1
         pb = p.to(gl.bfloat16)
         mbarrier.wait(bars.index(_P1_FREE), phase ^ 1)
+        m_smem.slice(HT, HT).store(m1)
         p_smem.index(1).store(pb)
         fence_async_shared()
         mbarrier.arrive(bars.index(_P1_READY), count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        pa = gl.convert_layout(pb, p_l)
-        acc = warpgroup_mma(pa, kv_ring.index(2 * mine + 1), acc, is_async=True)
-        mbarrier.wait(bars.index(_P0_READY), phase)  # (under the product above)
-        acc = warpgroup_mma(p_smem.index(0), kv_ring.index(2 * other + 1), acc, is_async=True)
-        acc, pa = warpgroup_mma_wait(num_outstanding=1, deps=(acc, pa))
-        mbarrier.arrive(empty.index(2 * mine + 1), count=1)  # its block's right half
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(2 * other + 1), count=1)  # WG0's block's right half
+        mbarrier.arrive(empty.index(1 + 2 * z), count=1)  # WG0's block's right half
         mbarrier.arrive(bars.index(_P0_FREE), count=1)
+        acc = acc * gl.convert_layout(beta, row_o)[:, None]
+        pa = gl.convert_layout(pb, p_l)
+        acc = warpgroup_mma(pa, kv_ring.index(3 + 2 * z), acc, is_async=True)
+        acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
+        mbarrier.arrive(empty.index(3 + 2 * z), count=1)  # its block's right half
     _epilogue(acc, m_i, l_i, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT)
 
 
@@ -331,11 +339,11 @@ def _sparse_attn_sm90_kernel(
     l_smem = gl.allocate_shared_memory(gl.float32, [2 * HT], vec_l)
     ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [_NBARS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=32 * _LOAD_WARPS.value)  # one cp.async arrive a producer lane
         mbarrier.init(empty.index(i), count=1)  # one consumer partition frees each half buffer
-    for i in gl.static_range(8):
+    for i in gl.static_range(_NBARS):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()  # q's generic-proxy store before the wgmmas read it
 
