@@ -99,7 +99,7 @@ def _fill(kv_base, idx, ok, cols, stride_kvn, kv_ring, ready, empty, buf: gl.con
 
 @gluon.jit
 def _gather_partition(kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty,
-                      BK: gl.constexpr):
+                      q_base, stride_qh, heads_left, q_smem, q_bar, BK: gl.constexpr):
     """Producer: pair t's blocks 2t (WG0's, buffer 0) and 2t + 1 (WG1's, buffer 1), half
     buffers in the order the previous pair released them: buffer 0 mid-pair (WG0's own product
     and WG1's product on WG0's P both run before WG1's softmax is done), buffer 1 at its end
@@ -109,6 +109,14 @@ def _gather_partition(kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring,
     g_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [_LOAD_WARPS, 1], [1, 0])  # 16-byte copies
     rows = gl.arange(0, BK, layout=gl.SliceLayout(1, g_l))
     cols = gl.arange(0, DH, layout=gl.SliceLayout(0, g_l))
+    # q first, by the same copies (rows past h zero-filled): its load overlaps the first
+    # blocks' instead of preceding them
+    q_rows = gl.arange(0, q_smem.shape[1], layout=gl.SliceLayout(1, g_l))
+    q_src = q_base + q_rows[:, None] * stride_qh + cols[None, :]
+    for half in gl.static_range(2):
+        async_copy.async_copy_global_to_shared(q_smem.index(half), q_src + half * DH,
+                                               mask=(q_rows < heads_left)[:, None])
+    async_copy.mbarrier_arrive(q_bar, increment_count=False)
     for t in range(npairs):
         phase = (t & 1) ^ 1
         slot0 = lo + 2 * t * BK + rows
@@ -183,7 +191,7 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
 
 
 @gluon.jit
-def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
+def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
                  sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
     """Consumer WG0 (the default partition; left half of d): block 2t's scores and softmax at
     ``m0 = max(m, rowmax S0)``, its P (bf16, at m0) and m0 handed to WG1, ``acc += P0
@@ -200,6 +208,7 @@ def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, id
     m_i = gl.full([HT], -1.0e30, gl.float32, row_s)
     l_i = gl.zeros([HT], gl.float32, row_s)
     acc = gl.zeros([HT, DH], gl.float32, o_l)
+    mbarrier.wait(q_bar, 0)
     for t in range(npairs):
         phase = t & 1
         z = t // (npairs + 1)
@@ -236,7 +245,7 @@ def _attend_even(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, id
 
 
 @gluon.jit
-def _attend_odd(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
+def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
     """Consumer WG1 (a worker partition; right half of d): block 2t + 1's scores issued first;
     then, as soon as WG0's P0 and m0 are in, ``acc`` rescaled to m0 and ``acc += P0
@@ -255,6 +264,7 @@ def _attend_odd(q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx
     m_i = gl.full([HT], -1.0e30, gl.float32, row_s)
     l_i = gl.zeros([HT], gl.float32, row_s)
     acc = gl.zeros([HT, DH], gl.float32, o_l)
+    mbarrier.wait(q_bar, 0)
     for t in range(npairs):
         phase = t & 1
         z = t // (npairs + 1)
@@ -324,12 +334,9 @@ def _sparse_attn_sm90_kernel(
 
     half_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HT, DH], gl.bfloat16)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, HT, DH], half_l)
-    q_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
-    heads = pid_h * HT + gl.arange(0, HT, layout=gl.SliceLayout(1, q_l))
-    dq = gl.arange(0, DH, layout=gl.SliceLayout(0, q_l))
-    q_rows = q_ptr + bi * stride_qb + si * stride_qs + heads[:, None] * stride_qh + dq[None, :]
-    for half in gl.static_range(2):  # q rows past h load as zeros, never stored
-        q_smem.index(half).store(gl.load(q_rows + half * DH, mask=(heads < H)[:, None], other=0.0))
+    q_base = q_ptr + bi * stride_qb + si * stride_qs + (pid_h * HT).to(gl.int64) * stride_qh
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=32 * _LOAD_WARPS.value)  # the gather partition copies q
     kv_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BK, DH], gl.NVMMASharedLayout.get_default_for([BK, DH],
                                                                                                       gl.bfloat16))
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, HT, BK], gl.NVMMASharedLayout.get_default_for([HT, BK],
@@ -345,7 +352,7 @@ def _sparse_attn_sm90_kernel(
         mbarrier.init(empty.index(i), count=1)  # one consumer partition frees each half buffer
     for i in gl.static_range(_NBARS):
         mbarrier.init(bars.index(i), count=1)
-    fence_async_shared()  # q's generic-proxy store before the wgmmas read it
+    fence_async_shared()  # the barriers' initialization before any partition uses them
 
     if SPLIT_OUT:
         dst = out_ptr
@@ -354,11 +361,12 @@ def _sparse_attn_sm90_kernel(
         dst = out_ptr + bi * stride_ob + si * stride_os
         ws_row0 = (pid_t * 0).to(gl.int64)
     gl.warp_specialize([
-        (_attend_even, (q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
+        (_attend_even, (q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
                         qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT)),
-        (_attend_odd, (q_smem, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
+        (_attend_odd, (q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
                        qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT)),
-        (_gather_partition, (kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty, BK)),
+        (_gather_partition, (kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty, q_base,
+                             stride_qh, H - pid_h * HT, q_smem, q_bar, BK)),
     ], [4, _LOAD_WARPS.value], [_WG1_REGS.value, _LOAD_REGS.value])
 
 
