@@ -15,34 +15,39 @@ block 2t is WG0's, block 2t + 1 WG1's (the "seesaw" schedule of FlashMLA's Hoppe
 written here from its description, not its code):
 
 - Shared memory: q as two ``[64, 256]`` halves of d (64 KB), two KV buffers of ``[BK, 512]``
-  rows, each as two ``[BK, 256]`` halves with their own ready / empty barriers (128 KB), two
-  bf16 P tiles (16 KB) and two row vectors for the exchanged maxima and the final row sums.
-  The buffers alternate between the warpgroups pair by pair (WG0 takes buffer t % 2): with a
-  fixed buffer the compiler hoisted every wgmma descriptor out of the loop and spilled them.
-- Gather partition (4 warps): cp.async of each half buffer once its consumer released it,
-  in the order the previous pair releases them (each lane's copies arrive on the half's ready
-  barrier: ``cp.async.mbarrier.arrive.noinc``, the barrier counts the 128 lanes); empty slots
-  -- masked, past the share, out of range -- are zero-filled, never read.
+  rows (buffer 0 always WG0's block, buffer 1 WG1's), each as two ``[BK, 256]`` halves with
+  their own ready / empty barriers (128 KB), two bf16 P tiles (16 KB) and two row vectors for
+  the exchanged maxima and the final row sums.
+- Gather partition (4 warps): q first, then cp.async of each half buffer once its consumer
+  released it, in the order the previous pair releases them (each lane's copies arrive on the
+  half's ready barrier: ``cp.async.mbarrier.arrive.noinc``, the barrier counts the 128 lanes);
+  empty slots -- masked, past the share, out of range -- are zero-filled, never read.
 - WG0 (the default partition; left half of d of the output): ``S0 = q kv0^T`` (wgmma from
-  shared memory, both halves of d), the online softmax of its block at max ``m0`` (handed to
-  WG1 through shared memory), ``acc += P0 kv0[:, :256]`` (P0 from registers); then, once WG1's
-  max ``m1`` (>= m0) is in, it rescales P0 to m1 into shared memory for WG1, rescales its acc
-  and adds ``P1 kv1[:, :256]`` from WG1's P tile.
-- WG1 (a worker partition; right half): ``S1 = q kv1^T``, its softmax at ``m1 = max(m0,
-  rowmax S1)``, P1 into shared memory for WG0, ``acc += P1 kv1[:, 256:]`` from registers, then
-  ``P0 kv0[:, 256:]`` from WG0's tile. Both warpgroups end a pair at the same max; their row
-  sums are added once, in the epilogue, where each stores its half of d.
+  shared memory, both halves of d), the online softmax of its block at ``m0 = max(m, rowmax
+  S0)``; P0 (bf16, at m0) and m0 handed to WG1 through shared memory; ``acc += P0 kv0[:, :256]``
+  (P0 from registers); then, with WG1's ``m1`` (>= m0) and P1 (at m1) in, acc rescaled to m1
+  and ``acc += P1 kv1[:, :256]`` from WG1's tile.
+- WG1 (a worker partition; right half): ``S1 = q kv1^T`` issued first; once P0 and m0 are in,
+  acc rescaled to m0 and ``acc += P0 kv0[:, 256:]`` from WG0's tile, its own softmax at ``m1 =
+  max(m0, rowmax S1)`` under that product, P1 and m1 handed back, acc rescaled to m1 and ``acc
+  += P1 kv1[:, 256:]`` from registers. Both of buffer 0's halves are thus released mid-pair,
+  and the gather refills them under the rest of it. Both warpgroups end a pair at the same
+  max; their row sums are added once, in the epilogue, where each stores its half of d.
 - Heads are padded to 64 (q rows past h load as zeros, never stored).
+- The buffers' and q's indices go through a zero the compiler cannot prove (``t // (npairs +
+  1)``): with constant indices it hoisted all 32 wgmma descriptors of the scores out of the
+  loop and spilled them.
 
 What the pairing buys over the twelfth / thirteenth sessions' kernel (two warpgroups on every
 block, 32 slots each for S and 256 columns each for P kv: two cross-warpgroup exchanges and
 about ten partition barriers a block): S runs as 64-slot wgmmas, no score tile crosses a
 warpgroup, and the exchanges are one-way hand-offs on mbarriers. H200 (fourteenth session,
-`scripts/probes/sparse_attn_engines.py ab`, one process): decode (b=64, h=64, top-k 2048) split
-2 63.7 -> 62.5 us, split 1 84.6 -> 72.3; prefill (b=1, s=1024) 664.6 -> 577.6. What bounds it
-(decode, split 2): 48.1 us without the gather, 57.9 without the P kv products: the consumers'
-chain, and the gather of the two half buffers released only at the end of a pair (both
-buffers are in use during a pair; q's 64 KB leaves no room for a third).
+`scripts/probes/sparse_attn_engines.py ab`, one process, over the four steps in
+`docs/performance.md`): decode (b=64, h=64, top-k 2048) split 2 63.7 -> 60.4-61.0 us, split 1
+84.6 -> 70.2; prefill (b=1, s=1024) 664.6 -> 542.7. What bounds it (decode): the gather alone
+(consumers releasing each buffer as it lands) takes 45.7 us at one split, 54.0 at two (the
+combine and the FP32 share workspace included); without the gather the consumers take 48.1 at
+two splits. Both buffers are in use during a pair and q's 64 KB leaves no room for a third.
 
 Status: compiled for sm_90a by the compile tier (no spills: WG0 224 registers, WG1 208, the
 gather 72); correct on the H200 (GPU tests); engine ``"gluon"`` of `sparse_attn`, its default
