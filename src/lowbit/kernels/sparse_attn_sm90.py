@@ -196,24 +196,28 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
 
 
 @gluon.jit
+def _consumer_start(q_bar, HT: gl.constexpr, DH: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr):
+    """A consumer's running max and row sum ``[HT]`` (score rows) and its ``[HT, DH]`` FP32
+    accumulator, once q is in shared memory."""
+    mbarrier.wait(q_bar, 0)
+    return (gl.full([HT], -1.0e30, gl.float32, gl.SliceLayout(1, s_l)), gl.zeros([HT], gl.float32, gl.SliceLayout(1, s_l)),
+            gl.zeros([HT, DH], gl.float32, o_l))
+
+
+@gluon.jit
 def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
-                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
+                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr, s_l: gl.constexpr,
+                 o_l: gl.constexpr):
     """Consumer WG0 (the default partition; left half of d): block 2t's scores and softmax at
     ``m0 = max(m, rowmax S0)``, its P (bf16, at m0) and m0 handed to WG1, ``acc += P0
     kv0[:, :256]`` from registers; then, with WG1's ``m1`` and P1 (at m1), ``acc`` rescaled to
     m1 and ``acc += P1 kv1[:, :256]`` from WG1's tile."""
     BK: gl.constexpr = kv_ring.shape[1]
-    DH: gl.constexpr = kv_ring.shape[2]
     HT: gl.constexpr = q_smem.shape[1]
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_l)
     row_o: gl.constexpr = gl.SliceLayout(1, o_l)
-    m_i = gl.full([HT], -1.0e30, gl.float32, row_s)
-    l_i = gl.zeros([HT], gl.float32, row_s)
-    acc = gl.zeros([HT, DH], gl.float32, o_l)
-    mbarrier.wait(q_bar, 0)
+    m_i, l_i, acc = _consumer_start(q_bar, HT, kv_ring.shape[2], s_l, o_l)
     for t in range(npairs):
         phase = t & 1
         z = t // (npairs + 1)
@@ -251,7 +255,8 @@ def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, b
 
 @gluon.jit
 def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
-                sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr):
+                sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr, s_l: gl.constexpr,
+                o_l: gl.constexpr):
     """Consumer WG1 (a worker partition; right half of d): block 2t + 1's scores issued first;
     then, as soon as WG0's P0 and m0 are in, ``acc`` rescaled to m0 and ``acc += P0
     kv0[:, 256:]`` from WG0's tile, its own softmax (at ``m1 = max(m0, rowmax S1)``) under
@@ -259,17 +264,11 @@ def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, ba
     from registers. WG0's block is thus released mid-pair, and the gather refills it under
     the rest of the pair."""
     BK: gl.constexpr = kv_ring.shape[1]
-    DH: gl.constexpr = kv_ring.shape[2]
     HT: gl.constexpr = q_smem.shape[1]
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_l)
     row_o: gl.constexpr = gl.SliceLayout(1, o_l)
-    m_i = gl.full([HT], -1.0e30, gl.float32, row_s)
-    l_i = gl.zeros([HT], gl.float32, row_s)
-    acc = gl.zeros([HT, DH], gl.float32, o_l)
-    mbarrier.wait(q_bar, 0)
+    m_i, l_i, acc = _consumer_start(q_bar, HT, kv_ring.shape[2], s_l, o_l)
     for t in range(npairs):
         phase = t & 1
         z = t // (npairs + 1)
@@ -326,6 +325,9 @@ def _sparse_attn_sm90_kernel(
     D: gl.constexpr = 512
     DH: gl.constexpr = D // 2
     HT: gl.constexpr = 64
+    # each consumer warpgroup's wgmma layouts: its block's scores [64, BK], its half of acc [64, 256]
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BK, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DH, 16])
     pid_h = gl.program_id(0)
     pid_t = gl.program_id(1)
     pid_s = gl.program_id(2)
@@ -367,9 +369,9 @@ def _sparse_attn_sm90_kernel(
         ws_row0 = (pid_t * 0).to(gl.int64)
     gl.warp_specialize([
         (_attend_even, (q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
-                        qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT)),
+                        qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT, s_l, o_l)),
         (_attend_odd, (q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
-                       qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT)),
+                       qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT, s_l, o_l)),
         (_gather_partition, (kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty, q_base,
                              stride_qh, H - pid_h * HT, q_smem, q_bar, BK)),
     ], [4, _LOAD_WARPS.value], [_WG1_REGS.value, _LOAD_REGS.value])
