@@ -3,9 +3,10 @@ bench): the Triton kernel (its heuristic) and the Gluon kernel (`sparse_attn_sm9
 its tiles and several top-k splits, at the issue-6 decode point (b=64, s=1, h=64, d=512, top-k
 2048 over 64k KV rows a batch) and the bench's prefill point (b=1, s=1024, same heads / top-k); outputs
 compared with the Triton kernel's (relative Frobenius error). GB/s on the gathered bytes.
-`bounds`: the Gluon kernel (its first tile, split 2) at the decode point with pieces removed (variants
-built by text edits, as `variants.py` does): no gather (the ring holds stale rows), no PV
-product, no product at all (the softmax stays).
+`bounds`: the Gluon kernel (its first tile, splits 1 and 2) at the decode point with pieces removed
+(variants built by text edits, as `variants.py` does): no gather (the ring holds stale rows), no
+PV products, the gather alone; then the random-row read ceiling (a Triton kernel that only
+reads and sums the same rows).
 `ab OLD_FILE`: another version of `sparse_attn_sm90` (its launcher, its own tile table) beside
 the current one at both points, outputs compared (save it first, e.g. `git show
 REV:src/lowbit/kernels/sparse_attn_sm90.py > scratch/old.py`, and carry `scratch`).
@@ -23,12 +24,28 @@ from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
 POINTS = {"decode": (64, 1, 64, 2048, 65536), "prefill": (1, 1024, 64, 2048, 65536)}
 
 
-NO_GATHER = [("        async_copy.async_copy_global_to_shared(kv_ring.index(st), src, mask=ok[:, None])\n", "")]
-NO_PV = [("""        acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_l), blk, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-""", "")]
-NO_MMA = NO_PV + [("s = warpgroup_mma(q_smem, blk.permute((1, 0)), gl.zeros([HT, BK], gl.float32, s_l), use_acc=False)",
-                   "s = gl.zeros([HT, BK], gl.float32, s_l) + j.to(gl.float32)")]
+#: The gather's cp.async dropped (the ring holds stale rows; barriers still pass).
+NO_GATHER = [("    async_copy.async_copy_global_to_shared(kv_ring.index(2 * buf + half), src, mask=ok[:, None])\n", "")]
+#: The consumers' P kv products dropped (scores and softmax stay).
+NO_PV = [("        acc = warpgroup_mma(pa, kv_ring.index(2 * z), acc, is_async=True)\n", ""),
+         ("        acc = warpgroup_mma(p_smem.index(1), kv_ring.index(2 + 2 * z), acc, is_async=True)\n", ""),
+         ("        acc = warpgroup_mma(p_smem.index(0), kv_ring.index(1 + 2 * z), acc, is_async=True)\n", ""),
+         ("        acc = warpgroup_mma(pa, kv_ring.index(3 + 2 * z), acc, is_async=True)\n", "")]
+
+
+def _gather_only(src: str) -> list[tuple[str, str]]:
+    """Each consumer's loop body replaced by: wait for the half buffers it frees, free them
+    (WG0 frees both left halves, WG1 both right ones): the gather partition alone."""
+    edits = []
+    for fn, halves in (("_attend_even", (0, 2)), ("_attend_odd", (1, 3))):
+        i = src.index("def " + fn)
+        a = src.index("    for t in range(npairs):", i)
+        body = src[a:src.index("    _epilogue(", a)]
+        new = "    for t in range(npairs):\n        phase = t & 1\n" + "".join(
+            f"        mbarrier.wait(ready.index({h}), phase)\n        mbarrier.arrive(empty.index({h}), count=1)\n"
+            for h in halves)
+        edits.append((body, new))
+    return edits
 
 
 def bounds():
@@ -44,13 +61,39 @@ def bounds():
     idx = torch.randint(0, n, (b, s, topk), device="cuda", generator=g, dtype=torch.int32)
     sink = torch.randn(h, device="cuda", generator=g)
     bk, stages = GLUON_TILES[0]
-    cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=2, engine="gluon")
     launch = sm90.sparse_attn_sm90_launch
-    for name, edits in (("full", []), ("no gather", NO_GATHER), ("no PV", NO_PV), ("no products", NO_MMA)):
+    for name, edits in (("full", []), ("no gather", NO_GATHER), ("no PV", NO_PV), ("gather only", _gather_only(base))):
         sm90.sparse_attn_sm90_launch = variant("sa_" + name.replace(" ", "_"), edits, base).sparse_attn_sm90_launch
-        us = measure(lambda: sparse_attn(q, kv, sink, idx, config=cfg), cuda_graph=True).median_us
-        print(f"bounds   gluon BK {bk} split 2, {name:12s} {us:8.1f} us")
+        for split in (1, 2):
+            cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=split, engine="gluon")
+            us = measure(lambda cfg=cfg: sparse_attn(q, kv, sink, idx, config=cfg), cuda_graph=True).median_us
+            print(f"bounds   gluon BK {bk} split {split}, {name:12s} {us:8.1f} us")
     sm90.sparse_attn_sm90_launch = launch
+    ceiling(kv, idx)
+
+
+def ceiling(kv, idx):
+    """The random-row read ceiling of the decode point: a Triton kernel that only reads the
+    same gathered KV rows (one program a 64-slot block, many programs an SM) and sums them."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _gather_sum(kv_ptr, idx_ptr, out_ptr, N, stride_b, TOPK, BK: tl.constexpr, D: tl.constexpr):
+        bi = tl.program_id(0)
+        j = tl.program_id(1)
+        rows = tl.load(idx_ptr + bi * TOPK + j * BK + tl.arange(0, BK))
+        x = tl.load(kv_ptr + bi.to(tl.int64) * stride_b + rows.to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :])
+        tl.store(out_ptr + bi * tl.num_programs(1) + j, tl.sum(x.to(tl.float32)))
+
+    b, _, topk = idx.shape
+    out = torch.empty(b, topk // 64, device="cuda")
+    for warps in (4, 8):
+        fn = lambda warps=warps: _gather_sum[(b, topk // 64)](kv, idx, out, kv.shape[1], kv.stride(0), topk, 64, 512,
+                                                               num_warps=warps)
+        us = measure(fn, cuda_graph=True).median_us
+        print(f"ceiling  Triton gather-sum of the same rows, {warps} warps {us:8.1f} us "
+              f"{b * topk * 1024 / us / 1e6:6.2f} TB/s")
 
 
 def _inputs(name):

@@ -44,10 +44,12 @@ about ten partition barriers a block): S runs as 64-slot wgmmas, no score tile c
 warpgroup, and the exchanges are one-way hand-offs on mbarriers. H200 (fourteenth session,
 `scripts/probes/sparse_attn_engines.py ab`, one process, over the four steps in
 `docs/performance.md`): decode (b=64, h=64, top-k 2048) split 2 63.7 -> 60.4-61.0 us, split 1
-84.6 -> 70.2; prefill (b=1, s=1024) 664.6 -> 542.7. What bounds it (decode): the gather alone
-(consumers releasing each buffer as it lands) takes 45.7 us at one split, 54.0 at two (the
-combine and the FP32 share workspace included); without the gather the consumers take 48.1 at
-two splits. Both buffers are in use during a pair and q's 64 KB leaves no room for a third.
+84.6 -> 70.2; prefill (b=1, s=1024) 664.6 -> 542.7. What bounds it (decode,
+`sparse_attn_engines.py bounds`): the gather alone (consumers freeing each half buffer as it
+lands) takes 46.0 us at one split, 55.3 at two (the combine and the FP32 share workspace
+included), against 36.7 us for a Triton kernel that only reads the same rows (3.66 TB/s): two
+64 KB buffers a CTA beside q's 64 KB are too few bytes in flight. Without the gather the
+consumers take 50.1 us at two splits.
 
 Status: compiled for sm_90a by the compile tier (no spills: WG0 224 registers, WG1 208, the
 gather 72); correct on the H200 (GPU tests); engine ``"gluon"`` of `sparse_attn`, its default
