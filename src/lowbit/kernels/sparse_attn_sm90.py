@@ -109,7 +109,7 @@ def _gather_partition(kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring,
                       q_base, stride_qh, heads_left, q_smem, q_bar, BK: gl.constexpr):
     """Producer: pair t's blocks 2t (WG0's, buffer 0) and 2t + 1 (WG1's, buffer 1), half
     buffers in the order the previous pair released them: buffer 0 mid-pair (WG0's own product
-    and WG1's product on WG0's P both run before WG1's softmax is done), buffer 1 at its end
+    and WG1's product on WG0's P both finish around WG1's softmax), buffer 1 at its end
     (the empty barriers start in phase 0, so waiting on phase 1 passes for the first pair).
     Slots past ``hi`` (the odd block of a pair) zero-fill."""
     DH: gl.constexpr = kv_ring.shape[2]
@@ -161,7 +161,6 @@ def _slot_mask(idx_base, N, lo, hi, j, BK: gl.constexpr, s_l: gl.constexpr):
     slot = lo + j * BK + gl.arange(0, BK, layout=gl.BlockedLayout([1], [32], [4], [0]))
     idx = gl.load(idx_base + slot, mask=slot < hi, other=-1)
     return gl.convert_layout((idx >= 0) & (idx < N), gl.SliceLayout(0, s_l))
-
 
 
 @gluon.jit
