@@ -107,6 +107,29 @@ def _inputs(name):
     return q, kv, torch.randn(h, device="cuda", generator=g), idx
 
 
+def _with_combine(launch):
+    """A launcher from before the in-kernel fold (it took an FP32 workspace `dst` and left the
+    split shares to `_sparse_attn_combine_kernel`) in the current launcher's signature."""
+    import inspect
+
+    import triton
+
+    from lowbit.kernels import sparse_attn as sa
+
+    if "dst" not in inspect.signature(launch).parameters:
+        return launch
+
+    def run(q, kv, sink, idx, out, qk_scale, per, splits, block_kv, stages):
+        b, s, h, d = q.shape
+        dst = out if splits == 1 else torch.empty(b * s, splits, h, d + 2, dtype=torch.float32, device=q.device)
+        launch(q, kv, sink, idx, dst, out, qk_scale, per, splits, block_kv, stages)
+        if splits > 1:
+            sa._sparse_attn_combine_kernel[(b * s, triton.cdiv(h, sa._COMBINE_HEADS))](
+                dst, sink, out, h, s, splits, out.stride(0), out.stride(1), out.stride(2),
+                D=d, BD=d, HC=sa._COMBINE_HEADS, num_warps=4)
+    return run
+
+
 def ab(old_file):
     import importlib.util
 
@@ -124,11 +147,11 @@ def ab(old_file):
         b, s, h, topk, _ = POINTS[name]
         base = sparse_attn_config(b, s, h, "cuda", topk)
         ref = sparse_attn(q, kv, sink, idx, config=base)
-        for tag, fn, tiles in (("old", old.sparse_attn_sm90_launch, old.GLUON_TILES),
+        for tag, fn, tiles in (("old", _with_combine(old.sparse_attn_sm90_launch), old.GLUON_TILES),
                                ("new", launch, sm90.GLUON_TILES)):
             sm90.sparse_attn_sm90_launch = fn
             for bk, stages in tiles:
-                for split in (1, 2):
+                for split in (1, 2, 3):
                     cfg = SparseAttnConfig(64, bk, 8, stages, False, split_kv=split, engine="gluon")
                     out = sparse_attn(q, kv, sink, idx, config=cfg)
                     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -421,7 +421,7 @@ def kernel_args(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int) -> 
             qk_scale, per)
 
 
-def _launch_gluon(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
+def _launch_gluon(q, kv, sink, topk_idxs, out, qk_scale: float, per: int, splits: int,
                   config: SparseAttnConfig) -> None:
     """The Hopper Gluon kernel (`sparse_attn_sm90`): an sm_90 GPU, d = 512, 16-byte aligned rows."""
     from .sm90 import require_sm90  # noqa: PLC0415
@@ -433,7 +433,7 @@ def _launch_gluon(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, s
     if kv.stride(1) % 8 or kv.data_ptr() % 16:
         raise ValueError(f"sparse_attn: engine='gluon' gathers kv rows in 16-byte copies: rows must be 16-byte "
                          f"aligned (row stride {kv.stride(1)} elements)")
-    sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale, per, splits, config.block_kv,
+    sparse_attn_sm90_launch(q, kv, sink, topk_idxs, out, qk_scale, per, splits, config.block_kv,
                             config.num_stages)
 
 
@@ -514,17 +514,17 @@ def sparse_attn(
     # each share a whole number of KV blocks; no empty share
     per = triton.cdiv(triton.cdiv(max(topk, 1), config.split_kv), config.block_kv) * config.block_kv
     splits = triton.cdiv(max(topk, 1), per)
+    if config.engine == "gluon":  # split shares fold inside the kernel
+        _launch_gluon(q, kv, sink, topk_idxs, out, softmax_scale * LOG2E, per, splits, config)
+        return out
     dst = out
     if splits > 1:
         dst = torch.empty(b * s, splits, h, bd + 2, dtype=torch.float32, device=q.device)
-    if config.engine == "gluon":
-        _launch_gluon(q, kv, sink, topk_idxs, dst, out, softmax_scale * LOG2E, per, splits, config)
-    else:
-        _sparse_attn_kernel[(triton.cdiv(h, ht), b * s, splits)](
-            *kernel_args(q, kv, sink, topk_idxs, dst, out, softmax_scale * LOG2E, per),
-            D=d, BD=bd, HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab, SPLIT_OUT=splits > 1,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )
+    _sparse_attn_kernel[(triton.cdiv(h, ht), b * s, splits)](
+        *kernel_args(q, kv, sink, topk_idxs, dst, out, softmax_scale * LOG2E, per),
+        D=d, BD=bd, HT=ht, BK=config.block_kv, SWAP_AB=config.swap_ab, SPLIT_OUT=splits > 1,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
     if splits > 1:
         _sparse_attn_combine_kernel[(b * s, triton.cdiv(h, _COMBINE_HEADS))](
             dst, sink, out, h, s, splits, out.stride(0), out.stride(1), out.stride(2),

@@ -59,6 +59,7 @@ does not run under the Triton interpreter, where the Triton kernel stays the pat
 
 from __future__ import annotations
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -163,13 +164,54 @@ def _slot_mask(idx_base, N, lo, hi, j, BK: gl.constexpr, s_l: gl.constexpr):
     return gl.convert_layout((idx >= 0) & (idx < N), gl.SliceLayout(0, s_l))
 
 
+#: A split share's record in the fold workspace (FP32): one consumer's ``[64, 256]`` acc, then
+#: its 64 maxima and 64 row sums.
+_REC = gl.constexpr(64 * 256 + 2 * 64)
+
+# Cross-CTA hand-off of split shares (through L2, no second kernel). Every thread of a writing
+# warpgroup fences its own stores and then counts once on the flag; the folding warpgroup's
+# threads poll until all writers' threads counted, fence, and return an opaque zero that the
+# workspace loads' addresses carry (so the compiler cannot issue them before the poll).
+_SIGNAL_PTX = gl.constexpr("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [$1], 1;\n\tmov.u32 $0, 0;")
+_WAIT_PTX = gl.constexpr("""{
+\t.reg .pred %p;
+\t.reg .u32 %v;
+\tWAIT_SHARES:
+\tld.relaxed.gpu.global.u32 %v, [$1];
+\tsetp.lt.u32 %p, %v, $2;
+\t@%p bra WAIT_SHARES;
+\tfence.acq_rel.gpu;
+\tsub.u32 $0, %v, %v;
+\t}""")
+
+
 @gluon.jit
-def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0,
-              SPLIT_OUT: gl.constexpr):
+def _signal_share(flag_ptr):
+    """Each of the warpgroup's 128 threads: its share stores made visible, then one count."""
+    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # one element a thread
+    ptrs = flag_ptr + gl.zeros([128], gl.int32, one_l)
+    gl.inline_asm_elementwise(_SIGNAL_PTX, "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _wait_shares(flag_ptr, target, row_l: gl.constexpr, HT: gl.constexpr):
+    """Poll the flag until `target` counts are in; returns zeros ``[HT]`` (int32, `row_l`) that
+    the reads of the shares must depend on."""
+    zero = gl.zeros([HT], gl.int32, row_l)
+    return gl.inline_asm_elementwise(_WAIT_PTX, "=r,l,r", [flag_ptr + zero, zero + target], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh,
+              ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr):
     """A consumer's half of d: the two warpgroups' row sums added through shared memory, then
-    the normalized bf16 rows (or, with SPLIT_OUT, the FP32 share and, from WG0, m and l)."""
+    the normalized bf16 rows. With FOLD (split top-k), shares ``0 .. nsplit - 2`` write their
+    FP32 (acc, m, l) record to the workspace and count on the flag; the last share (launched
+    after them, so waiting on them cannot deadlock) folds them into its own and stores."""
     o_l: gl.constexpr = acc.type.layout
     row_o: gl.constexpr = gl.SliceLayout(1, o_l)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_l)
     HT: gl.constexpr = acc.shape[0]
     DH: gl.constexpr = acc.shape[1]
     l_smem.slice(HALF * HT, HT).store(l_i)
@@ -177,23 +219,47 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
     mbarrier.wait(bars.index(_L1 - HALF), 0)
     l_o = gl.convert_layout(l_i, row_o) + l_smem.slice((1 - HALF) * HT, HT).load(row_o)
     m_o = gl.convert_layout(m_i, row_o)
-    rows = rows0 + gl.arange(0, HT, layout=row_o)
-    dd = HALF * DH + gl.arange(0, DH, layout=gl.SliceLayout(0, o_l))
-    h_ok = rows < H
-    if SPLIT_OUT:
-        ws = out_ptr + (ws_row0 + rows.to(gl.int64)) * (2 * DH + 2)
-        gl.store(ws[:, None] + dd[None, :], acc, mask=h_ok[:, None])
-        if HALF == 0:
-            gl.store(ws + 2 * DH, m_o, mask=h_ok)
-            gl.store(ws + 2 * DH + 1, l_o, mask=h_ok)
+    hh = gl.arange(0, HT, layout=row_o)
+    cc = gl.arange(0, DH, layout=col_o)
+    rows = rows0 + hh
+    dd = HALF * DH + cc
+    if FOLD:
+        if pid_s < nsplit - 1:
+            rec = ws_ptr + (rec0 + 2 * pid_s + HALF).to(gl.int64) * _REC
+            gl.store(rec + hh[:, None] * DH + cc[None, :], acc)
+            gl.store(rec + HT * DH + hh, m_o)
+            gl.store(rec + HT * DH + HT + hh, l_o)
+            _signal_share(flag_ptr + HALF)
+        else:
+            z = _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1), row_o, HT)
+            m_all = m_o
+            for w in range(nsplit - 1):
+                rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC + z
+                m_all = gl.maximum(m_all, gl.load(rec + HT * DH + hh, cache_modifier=".cg"))
+            sc = gl.exp2(m_o - m_all)
+            acc = acc * sc[:, None]
+            l_o = l_o * sc
+            for w in range(nsplit - 1):
+                rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC + z
+                sc = gl.exp2(gl.load(rec + HT * DH + hh, cache_modifier=".cg") - m_all)
+                l_o += sc * gl.load(rec + HT * DH + HT + hh, cache_modifier=".cg")
+                acc += sc[:, None] * gl.load(rec[:, None] + hh[:, None] * DH + cc[None, :], cache_modifier=".cg")
+            _store_rows(acc, m_all, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
     else:
-        # the sink joins the denominator only; l = 0 only when every slot is empty and the sink
-        # is -inf (acc = 0 there: 0 * 1, not 0 / 0)
-        sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
-        l_o = l_o + gl.exp2(sink - m_o)
-        inv = 1.0 / gl.where(l_o > 0.0, l_o, 1.0)
-        o = out_ptr + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
-        gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
+        _store_rows(acc, m_o, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
+
+
+@gluon.jit
+def _store_rows(acc, m, l, sink_ptr, out_ptr, rows, dd, H, stride_oh):
+    """``acc / (l + 2^(sink - m))`` as bf16 rows (heads past H not stored). The sink joins the
+    denominator only; l = 0 only when every slot is empty and the sink is -inf (acc = 0 there:
+    0 * 1, not 0 / 0)."""
+    h_ok = rows < H
+    sink = gl.load(sink_ptr + rows, mask=h_ok, other=float("-inf")) * 1.4426950408889634
+    l = l + gl.exp2(sink - m)
+    inv = 1.0 / gl.where(l > 0.0, l, 1.0)
+    o = out_ptr + rows[:, None].to(gl.int64) * stride_oh + dd[None, :]
+    gl.store(o, (acc * inv[:, None]).to(gl.bfloat16), mask=h_ok[:, None])
 
 
 @gluon.jit
@@ -207,7 +273,8 @@ def _consumer_start(q_bar, HT: gl.constexpr, DH: gl.constexpr, s_l: gl.constexpr
 
 @gluon.jit
 def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
-                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr, s_l: gl.constexpr,
+                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr,
+                 s_l: gl.constexpr,
                  o_l: gl.constexpr):
     """Consumer WG0 (the default partition; left half of d): block 2t's scores and softmax at
     ``m0 = max(m, rowmax S0)``, its P (bf16, at m0) and m0 handed to WG1, ``acc += P0
@@ -251,12 +318,14 @@ def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, b
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(2 + 2 * z), count=1)  # WG1's block's left half
         mbarrier.arrive(bars.index(_P1_FREE), count=1)
-    _epilogue(acc, m_i, l_i, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT)
+    _epilogue(acc, m_i, l_i, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
+              FOLD)
 
 
 @gluon.jit
 def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
-                sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT: gl.constexpr, s_l: gl.constexpr,
+                sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr,
+                 s_l: gl.constexpr,
                 o_l: gl.constexpr):
     """Consumer WG1 (a worker partition; right half of d): block 2t + 1's scores issued first;
     then, as soon as WG0's P0 and m0 are in, ``acc`` rescaled to m0 and ``acc += P0
@@ -303,7 +372,8 @@ def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, ba
         acc = warpgroup_mma(pa, kv_ring.index(3 + 2 * z), acc, is_async=True)
         acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
         mbarrier.arrive(empty.index(3 + 2 * z), count=1)  # its block's right half
-    _epilogue(acc, m_i, l_i, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_row0, SPLIT_OUT)
+    _epilogue(acc, m_i, l_i, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
+              FOLD)
 
 
 @gluon.jit
@@ -314,8 +384,8 @@ def _sparse_attn_sm90_kernel(
     stride_kvb, stride_kvn,
     stride_ib, stride_is,
     stride_ob, stride_os, stride_oh,
-    qk_scale, slots_per_split,
-    BK: gl.constexpr, STAGES: gl.constexpr, SPLIT_OUT: gl.constexpr, num_warps: gl.constexpr,
+    qk_scale, slots_per_split, ws_ptr, flag_ptr,
+    BK: gl.constexpr, STAGES: gl.constexpr, FOLD: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (head tile of 64, query ``(b, s)``, top-k share); ``out_ptr`` bf16 ``[b, s, h,
     512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l).
@@ -362,33 +432,38 @@ def _sparse_attn_sm90_kernel(
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()  # the barriers' initialization before any partition uses them
 
-    if SPLIT_OUT:
-        dst = out_ptr
-        ws_row0 = (pid_t * gl.num_programs(2) + pid_s).to(gl.int64) * H
-    else:
-        dst = out_ptr + bi * stride_ob + si * stride_os
-        ws_row0 = (pid_t * 0).to(gl.int64)
+    dst = out_ptr + bi * stride_ob + si * stride_os
+    tile = pid_t * gl.cdiv(H, HT) + pid_h  # (query, head tile)
+    nsplit = gl.cdiv(TOPK, slots_per_split)  # the grid's third dimension
+    rec0 = tile * 2 * (nsplit - 1)  # this tile's first share record
+    flags = flag_ptr + tile * 2  # one flag a half of d
     gl.warp_specialize([
         (_attend_even, (q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
-                        qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT, s_l, o_l)),
+                        qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_ptr, flags, rec0, pid_s, nsplit, FOLD,
+                        s_l, o_l)),
         (_attend_odd, (q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs,
-                       qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_row0, SPLIT_OUT, s_l, o_l)),
+                       qk_scale, sink_ptr, dst, pid_h * HT, H, stride_oh, ws_ptr, flags, rec0, pid_s, nsplit, FOLD,
+                       s_l, o_l)),
         (_gather_partition, (kv_base, idx_base, N, lo, hi, npairs, stride_kvn, kv_ring, ready, empty, q_base,
                              stride_qh, H - pid_h * HT, q_smem, q_bar, BK)),
     ], [4, _LOAD_WARPS.value], [_WG1_REGS.value, _LOAD_REGS.value])
 
 
-def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int, splits: int,
+def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, out, qk_scale: float, per: int, splits: int,
                             block_kv: int, stages: int) -> None:
     """Launch the Gluon kernel (operands validated by `sparse_attn`; d = 512, kv rows 16-byte
-    aligned): ``dst`` is ``out`` (bf16 ``[b, s, h, 512]``) or, with ``splits > 1``, the FP32
-    workspace ``[b * s, splits, h, 514]``; `per` slots a share (a multiple of block_kv)."""
+    aligned) into ``out`` (bf16 ``[b, s, h, 512]``); `per` slots a share (a multiple of
+    block_kv). With ``splits > 1`` the shares fold in the kernel: an FP32 workspace of
+    ``splits - 1`` records a head tile and half of d (65 KB each), and zeroed int32 flags."""
     from .sparse_attn import kernel_args  # noqa: PLC0415 (the Triton engine's module imports this one lazily)
 
     b, s, h, _ = q.shape
+    tiles = triton.cdiv(h, HEADS) * b * s
+    ws = torch.empty(max(tiles * 2 * (splits - 1), 1), _REC.value, dtype=torch.float32, device=q.device)
+    flags = torch.zeros(tiles * 2 if splits > 1 else 1, dtype=torch.int32, device=q.device)
     _sparse_attn_sm90_kernel[(triton.cdiv(h, HEADS), b * s, splits)](
-        *kernel_args(q, kv, sink, topk_idxs, dst, out, qk_scale, per),
-        BK=block_kv, STAGES=stages, SPLIT_OUT=splits > 1, num_warps=4,
+        *kernel_args(q, kv, sink, topk_idxs, out, out, qk_scale, per), ws, flags,
+        BK=block_kv, STAGES=stages, FOLD=splits > 1, num_warps=4,
     )
 
 
@@ -402,15 +477,14 @@ def compile_configs():
            "stride_kvb": "i32", "stride_kvn": "i32",
            "stride_ib": "i32", "stride_is": "i32",
            "stride_ob": "i32", "stride_os": "i32", "stride_oh": "i32",
-           "qk_scale": "fp32", "slots_per_split": "i32",
-           "BK": "constexpr", "STAGES": "constexpr", "SPLIT_OUT": "constexpr", "num_warps": "constexpr"}
+           "qk_scale": "fp32", "slots_per_split": "i32", "ws_ptr": "*fp32", "flag_ptr": "*i32",
+           "BK": "constexpr", "STAGES": "constexpr", "FOLD": "constexpr", "num_warps": "constexpr"}
     cfgs = []
     for bk, stages in GLUON_TILES:
         for split in (False, True):
             cfgs.append(KernelConfig(
                 f"sparse_attn_sm90[BK={bk},stages={stages}{',split' if split else ''}]", _sparse_attn_sm90_kernel,
-                dict(sig, out_ptr="*fp32") if split else sig,
-                {"BK": bk, "STAGES": stages, "SPLIT_OUT": split, "num_warps": 4},
+                sig, {"BK": bk, "STAGES": stages, "FOLD": split, "num_warps": 4},
                 num_warps=4, num_stages=1, expect_sass=("HGMMA", "LDGSTS"),
                 unaligned=("H", "N", "TOPK", "S", "stride_ib", "stride_is", "slots_per_split")))
     return cfgs
