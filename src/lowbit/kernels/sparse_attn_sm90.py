@@ -193,6 +193,25 @@ def _signal_share(flag_ptr):
     gl.inline_asm_elementwise(_SIGNAL_PTX, "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
 
 
+_DONE_PTX = gl.constexpr("""{
+\t.reg .pred %p;
+\tatom.relaxed.gpu.global.add.u32 $0, [$1], 1;
+\tsetp.eq.u32 %p, $0, $2;
+\t@%p st.relaxed.gpu.global.u32 [$1], 0;
+\t}""")
+
+
+@gluon.jit
+def _reset_flag(flag_ptr, last):
+    """Each of the folding warpgroup's 128 threads counts once more; the thread whose count is
+    the last (`last`: writers' and folder's counts - 1) zeroes the flag for the next launch.
+    Every thread passed its own wait before counting, and the count only grows until then."""
+    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    zero = gl.zeros([128], gl.int32, one_l)
+    gl.inline_asm_elementwise(_DONE_PTX, "=r,l,r", [flag_ptr + zero, zero + last], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
 @gluon.jit
 def _wait_shares(flag_ptr, target, row_l: gl.constexpr, HT: gl.constexpr):
     """Poll the flag until `target` counts are in; returns zeros ``[HT]`` (int32, `row_l`) that
@@ -245,6 +264,7 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
                 l_o += sc * gl.load(rec + HT * DH + HT + hh, cache_modifier=".cg")
                 acc += sc[:, None] * gl.load(rec[:, None] + hh[:, None] * DH + cc[None, :], cache_modifier=".cg")
             _store_rows(acc, m_all, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
+            _reset_flag(flag_ptr + HALF, 128 * nsplit - 1)
     else:
         _store_rows(acc, m_o, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
 
@@ -458,13 +478,33 @@ def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, out, qk_scale: float, per: i
     from .sparse_attn import kernel_args  # noqa: PLC0415 (the Triton engine's module imports this one lazily)
 
     b, s, h, _ = q.shape
-    tiles = triton.cdiv(h, HEADS) * b * s
-    ws = torch.empty(max(tiles * 2 * (splits - 1), 1), _REC.value, dtype=torch.float32, device=q.device)
-    flags = torch.zeros(tiles * 2 if splits > 1 else 1, dtype=torch.int32, device=q.device)
+    ws = flags = out  # unread without split shares
+    if splits > 1:
+        tiles = triton.cdiv(h, HEADS) * b * s
+        ws = torch.empty(tiles * 2 * (splits - 1), _REC.value, dtype=torch.float32, device=q.device)
+        flags = _fold_flags(q.device, tiles * 2)
     _sparse_attn_sm90_kernel[(triton.cdiv(h, HEADS), b * s, splits)](
         *kernel_args(q, kv, sink, topk_idxs, out, out, qk_scale, per), ws, flags,
         BK=block_kv, STAGES=stages, FOLD=splits > 1, num_warps=4,
     )
+
+
+#: Fold flags per (device, stream): zero between launches (each launch's folding warpgroups
+#: zero theirs), so no memset a call (one cost 1.9 us in a CUDA graph on the H200). Per
+#: stream, because two launches running at once must not share flags.
+_FLAGS: dict[tuple[int, int], torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # kept alive: a captured CUDA graph may still use them
+
+
+def _fold_flags(device: torch.device, n: int) -> torch.Tensor:
+    key = (device.index if device.index is not None else torch.cuda.current_device(),
+           torch.cuda.current_stream(device).cuda_stream)
+    flags = _FLAGS.get(key)
+    if flags is None or flags.numel() < n:
+        if flags is not None:
+            _OUTGROWN.append(flags)
+        flags = _FLAGS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return flags
 
 
 def compile_configs():
