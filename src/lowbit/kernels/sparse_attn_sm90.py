@@ -91,7 +91,9 @@ _P0_FREE = gl.constexpr(2)   # WG1 is done with p_smem[0] / m_smem[0]
 _P1_FREE = gl.constexpr(3)   # WG0 is done with p_smem[1] / m_smem[1]
 _L0 = gl.constexpr(4)        # row sums in l_smem (epilogue)
 _L1 = gl.constexpr(5)
-_NBARS = gl.constexpr(6)
+_F0 = gl.constexpr(6)        # a split share's acc copied into WG0's / WG1's fold buffer (128 arrives)
+_F1 = gl.constexpr(7)
+_NBARS = gl.constexpr(8)
 
 
 @gluon.jit
@@ -222,7 +224,7 @@ def _wait_shares(flag_ptr, target, row_l: gl.constexpr, HT: gl.constexpr):
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh,
+def _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh,
               ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr):
     """A consumer's half of d: the two warpgroups' row sums added through shared memory, then
     the normalized bf16 rows. With FOLD (split top-k), shares ``0 .. nsplit - 2`` write their
@@ -250,7 +252,14 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
             gl.store(rec + HT * DH + HT + hh, l_o)
             _signal_share(flag_ptr + HALF)
         else:
+            # the shares' acc through this warpgroup's half of the (drained) KV ring: cp.async
+            # keeps a whole record in flight, where register loads beside acc came in rounds
+            fold_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+            buf = kv_ring._reinterpret(gl.float32, [2, HT, DH], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])).index(HALF)
+            fr = gl.arange(0, HT, layout=gl.SliceLayout(1, fold_l))
+            fc = gl.arange(0, DH, layout=gl.SliceLayout(0, fold_l))
             z = _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1), row_o, HT)
+            zf = _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1), gl.SliceLayout(1, fold_l), HT)
             m_all = m_o
             for w in range(nsplit - 1):
                 rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC + z
@@ -259,10 +268,13 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
             acc = acc * sc[:, None]
             l_o = l_o * sc
             for w in range(nsplit - 1):
-                rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC + z
-                sc = gl.exp2(gl.load(rec + HT * DH + hh, cache_modifier=".cg") - m_all)
-                l_o += sc * gl.load(rec + HT * DH + HT + hh, cache_modifier=".cg")
-                acc += sc[:, None] * gl.load(rec[:, None] + hh[:, None] * DH + cc[None, :], cache_modifier=".cg")
+                rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC
+                async_copy.async_copy_global_to_shared(buf, (rec + zf + fr * DH)[:, None] + fc[None, :])
+                async_copy.mbarrier_arrive(bars.index(_F0 + HALF), increment_count=False)
+                sc = gl.exp2(gl.load(rec + z + HT * DH + hh, cache_modifier=".cg") - m_all)
+                l_o += sc * gl.load(rec + z + HT * DH + HT + hh, cache_modifier=".cg")
+                mbarrier.wait(bars.index(_F0 + HALF), w & 1)
+                acc += sc[:, None] * buf.load(o_l)
             _store_rows(acc, m_all, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
             _reset_flag(flag_ptr + HALF, 128 * nsplit - 1)
     else:
@@ -338,7 +350,7 @@ def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, b
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(2 + 2 * z), count=1)  # WG1's block's left half
         mbarrier.arrive(bars.index(_P1_FREE), count=1)
-    _epilogue(acc, m_i, l_i, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
+    _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
               FOLD)
 
 
@@ -392,7 +404,7 @@ def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, ba
         acc = warpgroup_mma(pa, kv_ring.index(3 + 2 * z), acc, is_async=True)
         acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
         mbarrier.arrive(empty.index(3 + 2 * z), count=1)  # its block's right half
-    _epilogue(acc, m_i, l_i, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
+    _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
               FOLD)
 
 
@@ -448,8 +460,10 @@ def _sparse_attn_sm90_kernel(
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=32 * _LOAD_WARPS.value)  # one cp.async arrive a producer lane
         mbarrier.init(empty.index(i), count=1)  # one consumer partition frees each half buffer
-    for i in gl.static_range(_NBARS):
+    for i in gl.static_range(6):  # through _L1
         mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(bars.index(_F0 + i), count=128)  # one cp.async arrive a consumer thread
     fence_async_shared()  # the barriers' initialization before any partition uses them
 
     dst = out_ptr + bi * stride_ob + si * stride_os
