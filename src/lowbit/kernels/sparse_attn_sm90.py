@@ -91,9 +91,7 @@ _P0_FREE = gl.constexpr(2)   # WG1 is done with p_smem[0] / m_smem[0]
 _P1_FREE = gl.constexpr(3)   # WG0 is done with p_smem[1] / m_smem[1]
 _L0 = gl.constexpr(4)        # row sums in l_smem (epilogue)
 _L1 = gl.constexpr(5)
-_F0 = gl.constexpr(6)        # a split share's acc copied into WG0's / WG1's fold buffer (128 arrives)
-_F1 = gl.constexpr(7)
-_NBARS = gl.constexpr(8)
+_NBARS = gl.constexpr(6)
 
 
 @gluon.jit
@@ -183,7 +181,7 @@ _WAIT_PTX = gl.constexpr("""{
 \tsetp.lt.u32 %p, %v, $2;
 \t@%p bra WAIT_SHARES;
 \tfence.acq_rel.gpu;
-\tsub.u32 $0, %v, %v;
+\tmov.u32 $0, 0;
 \t}""")
 
 
@@ -215,16 +213,30 @@ def _reset_flag(flag_ptr, last):
 
 
 @gluon.jit
-def _wait_shares(flag_ptr, target, row_l: gl.constexpr, HT: gl.constexpr):
-    """Poll the flag until `target` counts are in; returns zeros ``[HT]`` (int32, `row_l`) that
-    the reads of the shares must depend on."""
-    zero = gl.zeros([HT], gl.int32, row_l)
-    return gl.inline_asm_elementwise(_WAIT_PTX, "=r,l,r", [flag_ptr + zero, zero + target], dtype=gl.int32,
-                                     is_pure=False, pack=1)
+def _wait_shares(flag_ptr, target):
+    """Each of the warpgroup's 128 threads polls the flag until `target` counts are in, then
+    fences (once a thread: a gpu-scope fence costs a MEMBAR.GPU). The workspace reads come
+    after this side-effecting asm in program order, which neither LLVM nor ptxas crosses."""
+    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    zero = gl.zeros([128], gl.int32, one_l)
+    gl.inline_asm_elementwise(_WAIT_PTX, "=r,l,r", [flag_ptr + zero, zero + target], dtype=gl.int32, is_pure=False,
+                              pack=1)
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh,
+def _share_offsets(hh, cc, DH: gl.constexpr):
+    """Where a share record keeps acc element (row, col) of the ``[64, DH]`` wgmma accumulator:
+    thread-major (thread t's register pair j at ``2 (128 j + t)``), so that each store and load
+    instruction of a warp covers 256 contiguous bytes instead of 32 bytes of 8 rows."""
+    r = hh[:, None]
+    c = cc[None, :]
+    t = (r // 16) * 32 + (r % 8) * 4 + (c % 8) // 2  # the lane and warp holding (r, c)
+    j = (c // 8) * 2 + (r % 16) // 8  # its register pair
+    return (j * 128 + t) * 2 + c % 2
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr, rows0, H, stride_oh,
               ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr):
     """A consumer's half of d: the two warpgroups' row sums added through shared memory, then
     the normalized bf16 rows. With FOLD (split top-k), shares ``0 .. nsplit - 2`` write their
@@ -245,36 +257,27 @@ def _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, HALF: gl.constexpr, sink_ptr
     rows = rows0 + hh
     dd = HALF * DH + cc
     if FOLD:
+        off = _share_offsets(hh, cc, DH)
         if pid_s < nsplit - 1:
             rec = ws_ptr + (rec0 + 2 * pid_s + HALF).to(gl.int64) * _REC
-            gl.store(rec + hh[:, None] * DH + cc[None, :], acc)
+            gl.store(rec + off, acc)
             gl.store(rec + HT * DH + hh, m_o)
             gl.store(rec + HT * DH + HT + hh, l_o)
             _signal_share(flag_ptr + HALF)
         else:
-            # the shares' acc through this warpgroup's half of the (drained) KV ring: cp.async
-            # keeps a whole record in flight, where register loads beside acc came in rounds
-            fold_l: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-            buf = kv_ring._reinterpret(gl.float32, [2, HT, DH], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])).index(HALF)
-            fr = gl.arange(0, HT, layout=gl.SliceLayout(1, fold_l))
-            fc = gl.arange(0, DH, layout=gl.SliceLayout(0, fold_l))
-            z = _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1), row_o, HT)
-            zf = _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1), gl.SliceLayout(1, fold_l), HT)
+            _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1))
             m_all = m_o
             for w in range(nsplit - 1):
-                rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC + z
+                rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC
                 m_all = gl.maximum(m_all, gl.load(rec + HT * DH + hh, cache_modifier=".cg"))
             sc = gl.exp2(m_o - m_all)
             acc = acc * sc[:, None]
             l_o = l_o * sc
             for w in range(nsplit - 1):
                 rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC
-                async_copy.async_copy_global_to_shared(buf, (rec + zf + fr * DH)[:, None] + fc[None, :])
-                async_copy.mbarrier_arrive(bars.index(_F0 + HALF), increment_count=False)
-                sc = gl.exp2(gl.load(rec + z + HT * DH + hh, cache_modifier=".cg") - m_all)
-                l_o += sc * gl.load(rec + z + HT * DH + HT + hh, cache_modifier=".cg")
-                mbarrier.wait(bars.index(_F0 + HALF), w & 1)
-                acc += sc[:, None] * buf.load(o_l)
+                sc = gl.exp2(gl.load(rec + HT * DH + hh, cache_modifier=".cg") - m_all)
+                l_o += sc * gl.load(rec + HT * DH + HT + hh, cache_modifier=".cg")
+                acc += sc[:, None] * gl.load(rec + off, cache_modifier=".cg")
             _store_rows(acc, m_all, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
             _reset_flag(flag_ptr + HALF, 128 * nsplit - 1)
     else:
@@ -350,7 +353,7 @@ def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, b
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index(2 + 2 * z), count=1)  # WG1's block's left half
         mbarrier.arrive(bars.index(_P1_FREE), count=1)
-    _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
+    _epilogue(acc, m_i, l_i, l_smem, bars, 0, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
               FOLD)
 
 
@@ -404,7 +407,7 @@ def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, ba
         acc = warpgroup_mma(pa, kv_ring.index(3 + 2 * z), acc, is_async=True)
         acc, pa = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa))
         mbarrier.arrive(empty.index(3 + 2 * z), count=1)  # its block's right half
-    _epilogue(acc, m_i, l_i, kv_ring, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
+    _epilogue(acc, m_i, l_i, l_smem, bars, 1, sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit,
               FOLD)
 
 
@@ -460,10 +463,8 @@ def _sparse_attn_sm90_kernel(
     for i in gl.static_range(4):
         mbarrier.init(ready.index(i), count=32 * _LOAD_WARPS.value)  # one cp.async arrive a producer lane
         mbarrier.init(empty.index(i), count=1)  # one consumer partition frees each half buffer
-    for i in gl.static_range(6):  # through _L1
+    for i in gl.static_range(_NBARS):
         mbarrier.init(bars.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(bars.index(_F0 + i), count=128)  # one cp.async arrive a consumer thread
     fence_async_shared()  # the barriers' initialization before any partition uses them
 
     dst = out_ptr + bi * stride_ob + si * stride_os
