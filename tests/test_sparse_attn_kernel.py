@@ -372,7 +372,8 @@ def test_gluon_engine_matches_reference(h, split, gen):
 
 @pytest.mark.gpu
 def test_gluon_engine_cuda_graph_replay(gen):
-    """The Gluon path captures into a CUDA graph and replays with new indices."""
+    """The Gluon path (split shares folded in the kernel) captures into a CUDA graph and
+    replays with new indices, several times (the fold flags re-zero themselves)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
     q, kv, sink, idx = _problem(2, 1, 64, 512, 4096, 512, gen, "cuda")
@@ -382,10 +383,33 @@ def test_gluon_engine_cuda_graph_replay(gen):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sparse_attn(q, kv, sink, idx, out=out, config=cfg)
-    idx.copy_(torch.randint(-1, 4096, idx.shape, generator=gen, dtype=torch.int32).cuda())
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_close(out.cpu().float(), _ref(q, kv, sink, idx), BUDGET)
+    for _ in range(3):
+        idx.copy_(torch.randint(-1, 4096, idx.shape, generator=gen, dtype=torch.int32).cuda())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out.cpu().float(), _ref(q, kv, sink, idx), BUDGET)
+
+
+@pytest.mark.gpu
+def test_gluon_fold_flags_rezero(gen):
+    """The in-kernel fold of split shares leaves its flags at zero after every launch (so the
+    next launch's wait counts from zero), over split counts and head tiles; eager calls repeat
+    the right answer."""
+    import lowbit.kernels.sparse_attn_sm90 as sm90
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    q, kv, sink, idx = _problem(3, 1, 128, 512, 8192, 1500, gen, "cuda", p_empty=0.05)
+    ref = _ref(q, kv, sink, idx)
+    for split in (2, 3, 4, 2):
+        cfg = SparseAttnConfig(64, 64, 8, 2, False, split_kv=split, engine="gluon")
+        for _ in range(2):
+            out = sparse_attn(q, kv, sink, idx, config=cfg)
+            torch.cuda.synchronize()
+            assert_close(out.cpu().float(), ref, BUDGET, f"split {split}")
+            flags = [f for (dev, _), f in sm90._FLAGS.items() if dev == torch.cuda.current_device()]
+            assert flags and all(int(f.abs().sum()) == 0 for f in flags), f"split {split}: fold flags left non-zero"
 
 
 def test_gluon_engine_contract(monkeypatch, gen, device):

@@ -54,8 +54,9 @@ Measured on the H200 (sixth session, CUDA graph, decode point b=64 h=64 top-k 20
 Engines (`SparseAttnConfig.engine`): ``"triton"`` (this kernel, every tier) and ``"gluon"``
 (`lowbit.kernels.sparse_attn_sm90`: d = 512, 64-head tiles, the KV gather in its own warps;
 the default on sm_90 for > 32 heads, `gluon_capable`; H200 fourteenth session: decode 62.5 us,
-prefill b=1 s=1024 578 us, 1.45x / 1.9x this kernel). Both write split shares in the same
-workspace format, folded by `_sparse_attn_combine_kernel`.
+prefill b=1 s=1024 578 us, 1.45x / 1.9x this kernel). The Triton kernel's split shares go
+through the workspace and `_sparse_attn_combine_kernel`; the Gluon kernel folds them itself
+(the last share of a query waits on the others' through L2: no second kernel).
 """
 
 from __future__ import annotations

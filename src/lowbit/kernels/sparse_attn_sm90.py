@@ -9,8 +9,8 @@ the H200 decode point (twelfth session) read 0.27 instructions issued a cycle pe
 2 warps a scheduler of which 0.38 eligible, 35% of DRAM bandwidth, 83 us.
 
 Design (one program = one query position x 64 heads x one share of the top-k slots, as the
-Triton kernel's grid; the same FP32 online softmax in base 2 and the same workspace format
-for split shares, folded by `sparse_attn._sparse_attn_combine_kernel`). Blocks come in pairs:
+Triton kernel's grid; the same FP32 online softmax in base 2; split shares folded in the
+kernel, see the last point). Blocks come in pairs:
 block 2t is WG0's, block 2t + 1 WG1's (the "seesaw" schedule of FlashMLA's Hopper kernels,
 written here from its description, not its code):
 
@@ -34,6 +34,16 @@ written here from its description, not its code):
   and the gather refills them under the rest of it. Both warpgroups end a pair at the same
   max; their row sums are added once, in the epilogue, where each stores its half of d.
 - Heads are padded to 64 (q rows past h load as zeros, never stored).
+- Split top-k (decode): the last share of a query (highest grid z, so launched after the
+  others: waiting on them cannot deadlock) folds the others' FP32 (acc, max, sum) records
+  into its own and stores the output. Each warpgroup of the other shares writes its half of
+  d as a thread-major record (coalesced), fences, and counts on a flag; the folding
+  warpgroup polls until every writer thread counted, fences, reads, and re-zeroes the flag
+  (flags cached per device and stream, so no memset a call). H200 (fifteenth session,
+  `scratch`-level A/B in one process): decode split 2 60.7-61.4 -> 59.1-60.3 us, split 3
+  84.0 -> 77.1 against the workspace + combine kernel; the first version, whose records
+  were stored in the wgmma layout (32 bytes of 8 rows an instruction) and whose wait ran
+  once per row held (16 gpu-scope fences a thread), was 5-13 us slower than the combine.
 - The buffers' and q's indices go through a zero the compiler cannot prove (``t // (npairs +
   1)``): with constant indices it hoisted all 32 wgmma descriptors of the scores out of the
   loop and spilled them.
@@ -423,7 +433,8 @@ def _sparse_attn_sm90_kernel(
     BK: gl.constexpr, STAGES: gl.constexpr, FOLD: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (head tile of 64, query ``(b, s)``, top-k share); ``out_ptr`` bf16 ``[b, s, h,
-    512]`` or, with SPLIT_OUT, the FP32 workspace ``[b * s, splits, H, 514]`` (acc, m, l).
+    512]``; with FOLD (more than one share), ``ws_ptr`` FP32 records ``[tiles, shares - 1, 2,
+    _REC]`` and ``flag_ptr`` int32 ``[tiles, 2]`` (zero between launches).
     Three partitions of one warpgroup each: WG0 (even blocks, left half of d), WG1 (odd
     blocks, right half), the gather."""
     gl.static_assert(STAGES == 2, "two KV buffers: one a consumer warpgroup")
