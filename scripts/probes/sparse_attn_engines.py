@@ -8,8 +8,9 @@ compared with the Triton kernel's (relative Frobenius error). GB/s on the gather
 PV products, the gather alone; then the random-row read ceiling (a Triton kernel that only
 reads and sums the same rows).
 `ab OLD_FILE`: another version of `sparse_attn_sm90` (its launcher, its own tile table) beside
-the current one at both points, outputs compared (save it first, e.g. `git show
-REV:src/lowbit/kernels/sparse_attn_sm90.py > scratch/old.py`, and carry `scratch`).
+the current one at both points, splits 1-3, outputs compared (save it first, e.g. `git show
+REV:src/lowbit/kernels/sparse_attn_sm90.py > scratch/old.py`, and carry `scratch`; a version
+from before the in-kernel fold gets its workspace and the combine kernel, `_with_combine`).
 Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill] [bounds] [ab OLD_FILE]"""
 import math
 import sys
