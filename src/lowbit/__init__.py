@@ -27,6 +27,7 @@ _LAZY = {
     "w4a16_indexed_config": ("lowbit.kernels.w4a16_indexed", "w4a16_indexed_config"),
     "w4a16_contiguous": ("lowbit.kernels.w4a16_grouped", "contiguous"),
     "w4a16_masked": ("lowbit.kernels.w4a16_grouped", "masked"),
+    "moe_experts": ("lowbit.moe", "moe_experts"),
 }
 
 __all__ = ["__version__", "formats", "FormatError", *_LAZY]

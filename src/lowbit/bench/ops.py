@@ -6,9 +6,11 @@ Families (``--cases`` takes the family name, ``decode_oc`` / ``seed004``, or a c
   (48 experts, H=7168, I=2048, top-8; tokens 1, 2, 4, 8, 16, 32), INT4 group-32 and MXFP8
   weights, timed as one layer (``projection="layer"``). Providers:
   ``lowbit`` = `moe_decode` (output-centric gate_up + down, combine folded in);
-  ``lowbit-indexed`` = routing (`lowbit.routing.moe_align_block_size`) + `w4a16_indexed`
-  gate_up + SiLU*up (torch) + `w4a16_indexed` down + weighted combine (torch), INT4 only;
-  ``humming-indexed`` = the same composition with Humming's indexed GEMMs, INT4 only.
+  ``lowbit-indexed`` = `lowbit.moe_experts(path="indexed")`: routing
+  (`lowbit.routing.moe_align_block_size`) + `w4a16_indexed` gate_up + `silu_mul` +
+  `w4a16_indexed` down + `combine_topk`, INT4 only; ``lowbit-auto`` = `moe_experts` on the path
+  it picks for the batch (INT4); ``humming-indexed`` = the same composition with Humming's
+  indexed GEMMs (the same `silu_mul` / `combine_topk`), INT4 only.
   Reference: `moe_experts_ref(..., round_intermediate=True)`.
   Bytes: the weights of the experts actually hit (INT4 ``K*N/2 + K/32*N*2`` per expert and
   projection, MXFP8 ``K*N + K/32*N``), the hidden rows read and the output rows written.
@@ -485,21 +487,13 @@ class DecodeLowbit(_DecodeBase):
         self._warm(problem)
 
 
-def _combine(y: torch.Tensor, tw: torch.Tensor) -> torch.Tensor:
-    t, k = tw.shape
-    return (y.view(t, k, -1).float() * tw.unsqueeze(-1)).sum(1).to(torch.bfloat16)
-
-
-def _silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    inter = gu.shape[1] // 2
-    return (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(torch.bfloat16)
-
-
 class DecodeLowbitIndexed(_DecodeBase):
-    """The expert-centric indexed layer: routing + `w4a16_indexed` gate_up + SiLU*up + down +
-    weighted combine, all in the timed call (INT4 only)."""
+    """`lowbit.moe_experts` on its indexed path: routing + `w4a16_indexed` gate_up + `silu_mul` +
+    down + `combine_topk`, all in the timed call (INT4 only). ``lowbit-auto``: the path the
+    layer picks for the batch (`moe_experts_path`)."""
 
     name = "lowbit-indexed"
+    path = "indexed"
 
     def __init__(self) -> None:
         super().__init__()
@@ -509,39 +503,27 @@ class DecodeLowbitIndexed(_DecodeBase):
         return None if problem.inputs["fmt"] == "int4" else "the indexed W4A16 GEMM takes INT4 weights only"
 
     def prepare(self, problem: OpProblem) -> None:
-        from .. import routing  # noqa: PLC0415
-        from ..kernels.w4a16_indexed import gluon_capable, w4a16_indexed, w4a16_indexed_config  # noqa: PLC0415
+        from ..moe import moe_experts, moe_experts_path  # noqa: PLC0415
 
         i = problem.inputs
         w13, w2 = self._int4_packed(problem)
         hidden, ids, tw = i["hidden"], i["topk_ids"], i["topk_weights"]
-        t, top_k = ids.shape
-        e = w13.num_experts
-        routes = t * top_k
-        c1 = w4a16_indexed_config(routes, e, w13.n, w13.k, gluon=gluon_capable(hidden, w13))
-        c2 = w4a16_indexed_config(routes, e, w2.n, w2.k, gluon=gluon_capable(hidden, w2))
-        self._config = {"gate_up": _cfg_dict(c1), "down": _cfg_dict(c2)}
-        gu = torch.empty(routes, w13.n, dtype=torch.bfloat16, device=hidden.device)
-        y = torch.empty(routes, w2.n, dtype=torch.bfloat16, device=hidden.device)
-
-        def call() -> torch.Tensor:
-            r1 = routing.moe_align_block_size(ids, c1.block_m, e)
-            r2 = r1 if c2.block_m == c1.block_m else routing.moe_align_block_size(ids, c2.block_m, e)
-            w4a16_indexed(hidden, w13, r1.sorted_token_ids, r1.expert_ids, r1.num_tokens_post_padded, top_k,
-                          out=gu, config=c1)
-            act = _silu_mul(gu)
-            # down: route r = t*top_k + j reads act row r, so the same sorted ids serve with top_k 1
-            w4a16_indexed(act, w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1,
-                          out=y, config=c2)
-            return _combine(y, tw)
-
-        self._call = call
+        path = self.path if self.path != "auto" else moe_experts_path(hidden.shape[0])[0]
+        self._config = {"path": path}
+        out = torch.empty(hidden.shape, dtype=torch.bfloat16, device=hidden.device)
+        self._call = lambda: moe_experts(hidden, ids, tw, w13, w2, out=out, path=path)
         self._warm(problem)
+
+
+class DecodeLowbitAuto(DecodeLowbitIndexed):
+    name = "lowbit-auto"
+    path = "auto"
 
 
 class DecodeHummingIndexed(OpProvider):
     """Humming's indexed GEMMs in the same layer composition as ``lowbit-indexed`` (routing by
-    lowbit's builder with Humming's heuristic block sizes, SiLU*up and combine in torch)."""
+    lowbit's builder with Humming's heuristic block sizes, lowbit's `silu_mul` and
+    `combine_topk` between and after them: only the GEMMs differ)."""
 
     name = "humming-indexed"
     group = "humming"
@@ -582,6 +564,7 @@ class DecodeHummingIndexed(OpProvider):
 
     def prepare(self, problem: OpProblem) -> None:
         from .. import routing  # noqa: PLC0415
+        from ..kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
 
         tune = importlib.import_module("humming.tune")
         i = problem.inputs
@@ -605,10 +588,10 @@ class DecodeHummingIndexed(OpProvider):
             r2 = r1 if b2 == b1 else routing.moe_align_block_size(ids, b2, e)
             l1(hidden, outputs=gu, compute_config=comp, tuning_config=j1, sorted_ids=r1.sorted_token_ids,
                expert_ids=r1.expert_ids, num_tokens_padded=r1.num_tokens_post_padded, top_k=top_k)
-            act = _silu_mul(gu)
+            act = silu_mul(gu)
             l2(act, outputs=y, compute_config=comp, tuning_config=j2, sorted_ids=r2.sorted_token_ids,
                expert_ids=r2.expert_ids, num_tokens_padded=r2.num_tokens_post_padded, top_k=1)
-            return _combine(y, tw)
+            return combine_topk(y, ids, tw, e)
 
         self._call = call
         self._warm(problem)
@@ -853,7 +836,7 @@ class SinkhornTorchRef(OpProvider):
 
 #: family -> its providers, in table order
 FAMILIES: dict[str, tuple[type[OpProvider], ...]] = {
-    "decode_oc": (DecodeLowbit, DecodeLowbitIndexed, DecodeHummingIndexed),
+    "decode_oc": (DecodeLowbit, DecodeLowbitIndexed, DecodeLowbitAuto, DecodeHummingIndexed),
     "fp8_gemm": (Fp8GemmLowbit, Fp8GemmScaledMM),
     "fp4_gemm": (Fp4GemmLowbit, Fp4GemmLowbitFolded, Fp4GemmHumming),
     "act_quant": (QuantLowbit, QuantTorchRef),
@@ -870,8 +853,9 @@ def op_providers(family: str, groups: list[str] | tuple[str, ...] | None = None)
 
 # -- summaries -----------------------------------------------------------------------------
 def crossover_summary(rows: list[dict[str, Any]]) -> str:
-    """For the INT4 decode cases: per token count, the output-centric (``lowbit``) and indexed
-    (``lowbit-indexed``) layer times, which one wins, and the first batch from which the
+    """For the INT4 decode cases: per token count, the output-centric (``lowbit``), indexed
+    (``lowbit-indexed``) and automatic (``lowbit-auto``) layer times, which of the first two
+    wins, and the first batch from which the
     indexed path wins. fp4_gemm vs fp8_gemm on the same (M, N, K) too. '' when no such rows."""
     lines = []
     dec: dict[int, dict[str, float]] = {}
@@ -879,16 +863,16 @@ def crossover_summary(rows: list[dict[str, Any]]) -> str:
         if r.get("layout") == "decode_oc" and r.get("status") == "ok" and "int4" in r["case"] and r.get("median_us"):
             dec.setdefault(int(r["tokens"]), {})[r["provider"]] = r["median_us"]
     if dec:
-        lines.append("decode_oc INT4 layer: tokens  output-centric us  indexed us  humming-indexed us  faster")
+        lines.append("decode_oc INT4 layer: tokens  output-centric us  indexed us  auto us  humming-indexed us  faster")
         first = None
         for t in sorted(dec):
             d = dec[t]
-            oc, ix, hu = d.get("lowbit"), d.get("lowbit-indexed"), d.get("humming-indexed")
+            oc, ix, au, hu = d.get("lowbit"), d.get("lowbit-indexed"), d.get("lowbit-auto"), d.get("humming-indexed")
             win = "-" if oc is None or ix is None else ("indexed" if ix < oc else "output-centric")
             if win == "indexed" and first is None:
                 first = t
             f = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-            lines.append(f"  {t:>5d}  {f(oc):>17s}  {f(ix):>10s}  {f(hu):>18s}  {win}")
+            lines.append(f"  {t:>5d}  {f(oc):>17s}  {f(ix):>10s}  {f(au):>7s}  {f(hu):>18s}  {win}")
         lines.append(f"  crossover: indexed path first faster at {first} tokens" if first is not None
                      else "  crossover: the output-centric path is faster at every measured batch (or not measured)")
     fp8 = {(r["tokens"], r["n"], r["k"]): r["median_us"] for r in rows

@@ -345,12 +345,6 @@ def _weight_pair(FMT: tl.constexpr, words, w_rows, s_rows, row_ok, kt, i: tl.con
 
 
 @triton.jit
-def _silu_mul(g, u):
-    """``SiLU(g) * u`` in FP32."""
-    return g / (1.0 + tl.exp(-g)) * u
-
-
-@triton.jit
 def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, s_ptr, act_ptr,
     num_routes, top_k, num_experts, H, I,
@@ -420,7 +414,7 @@ def _gate_up_kernel(
                     acc_g = numerics.dot(g_hi, tl.trans(x_hi), acc_g)
                     acc_u = numerics.dot(u_lo, tl.trans(x_lo), acc_u)
                     acc_u = numerics.dot(u_hi, tl.trans(x_hi), acc_u)
-            act = numerics.to_bf16(_silu_mul(acc_g, acc_u))
+            act = numerics.to_bf16(numerics.silu_mul(acc_g, acc_u))
             a = act_ptr + route[None, :].to(tl.int64) * stride_am + ri[:, None]
             tl.store(a, act, mask=i_ok[:, None] & col_ok[None, :])
     else:
@@ -454,7 +448,7 @@ def _gate_up_kernel(
                 acc_u += _mxfp8_step(wu_rows, su_rows, i_ok, kt, H, stride_sg, x[None, :, :])
             g = tl.sum(acc_g, axis=1)
             u = tl.sum(acc_u, axis=1)
-        act = numerics.to_bf16(_silu_mul(g, u))
+        act = numerics.to_bf16(numerics.silu_mul(g, u))
         tl.store(act_ptr + r.to(tl.int64) * stride_am + ri, act, mask=i_ok)
 
 

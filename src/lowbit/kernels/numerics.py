@@ -14,6 +14,8 @@ these helpers:
   saturates to +-448, as ``cvt.rn.satfinite`` does). GPU: the native cast. Interpreter: the
   rounding done on the FP32 bits, then a cast that is exact because nothing is left to round.
 - `mul_bf16(a, b)`: the bf16 product rounded once (exact FP32 product, then `to_bf16`).
+- `silu_mul(g, u)`: ``SiLU(g) * u`` in FP32 (the MoE activation; one definition for every
+  kernel that applies it).
 - Sums: always reduce in FP32 (``tl.sum(x.to(tl.float32))``); there is no bf16 sum helper on
   purpose.
 
@@ -28,7 +30,7 @@ import triton.language as tl
 
 from .._env import interpreter_active
 
-__all__ = ["INTERPRET", "dot", "to_bf16", "to_fp8e4m3", "mul_bf16"]
+__all__ = ["INTERPRET", "dot", "to_bf16", "to_fp8e4m3", "mul_bf16", "silu_mul"]
 
 #: Fixed when this module is first imported: set ``TRITON_INTERPRET`` before importing kernels.
 INTERPRET: tl.constexpr = tl.constexpr(interpreter_active())
@@ -78,3 +80,9 @@ def to_fp8e4m3(x):
 def mul_bf16(a, b):
     """bf16 * bf16 rounded once to bf16 (the exact product fits FP32)."""
     return to_bf16(a.to(tl.float32) * b.to(tl.float32))
+
+
+@triton.jit
+def silu_mul(g, u):
+    """``SiLU(g) * u = g / (1 + exp(-g)) * u`` in FP32 (g, u FP32; a very negative g gives -0)."""
+    return g / (1.0 + tl.exp(-g)) * u

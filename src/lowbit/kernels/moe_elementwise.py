@@ -1,0 +1,121 @@
+"""The elementwise steps of an expert-centric MoE layer, between and after its two GEMMs:
+
+- `silu_mul(gu)`: ``bf16(SiLU(gate) * up)`` of the gate_up GEMM's rows ``[R, 2I]`` (gate
+  columns first, then up, as ``w13 = [gate; up]``), FP32 math, one rounding.
+- `combine_topk(y, topk_ids, topk_weights)`: each token's routes folded back,
+  ``out[t] = bf16(sum_j w[t, j] * y[t * k + j])`` over the slots with ``0 <= topk_ids[t, j] <
+  E``, in FP32. Rows of dropped slots are never read (the indexed GEMM leaves them unwritten).
+
+Why kernels and not torch ops: in torch the two steps are five to seven launches with FP32
+temporaries (``silu``, ``mul``, casts; a broadcast multiply, a masked sum), which a decode
+layer of two GEMMs pays in full. Each is one launch here, reading its input once.
+
+Grid: one program per (row, block of columns); the column block is a power of two up to
+`BLOCK` wide, 4 warps. Both run under the Triton interpreter (the CPU tier).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import numerics
+
+__all__ = ["silu_mul", "combine_topk"]
+
+#: Columns a program handles (16-byte bf16 vectors across 4 warps x 32 lanes x 8 = 1024).
+BLOCK = 1024
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK_I: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    ok = cols < I
+    g = tl.load(gu_ptr + row * stride_g + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_g + I + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, numerics.to_bf16(numerics.silu_mul(g, u)), mask=ok)
+
+
+@triton.jit
+def _combine_topk_kernel(y_ptr, ids_ptr, w_ptr, out_ptr, N, TOP_K, E, stride_y, stride_o,
+                         BLOCK_N: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = cols < N
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for j in range(TOP_K):
+        route = t * TOP_K + j
+        e = tl.load(ids_ptr + route)
+        if (e >= 0) & (e < E):  # a dropped slot's row was never written
+            w = tl.load(w_ptr + route)
+            acc += w * tl.load(y_ptr + route * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * stride_o + cols, numerics.to_bf16(acc), mask=ok)
+
+
+def _block(n: int) -> int:
+    return min(BLOCK, max(16, triton.next_power_of_2(n)))
+
+
+def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``bf16(SiLU(gu[:, :I]) * gu[:, I:])`` in FP32. gu ``bf16 [R, 2I]`` (contiguous along the
+    columns); out optional ``bf16 [R, I]``. Returns ``bf16 [R, I]``."""
+    if not isinstance(gu, torch.Tensor) or gu.dtype != torch.bfloat16 or gu.dim() != 2:
+        raise TypeError(f"gu must be bf16 [R, 2I], got {getattr(gu, 'dtype', type(gu).__name__)} "
+                        f"{tuple(getattr(gu, 'shape', ()))}")
+    r, two_i = gu.shape
+    if two_i % 2:
+        raise ValueError(f"gu has {two_i} columns: must be 2*I (gate, then up)")
+    if gu.stride(1) != 1:
+        raise ValueError("gu must be contiguous along its columns")
+    inter = two_i // 2
+    if out is None:
+        out = torch.empty(r, inter, dtype=torch.bfloat16, device=gu.device)
+    elif out.dtype != torch.bfloat16 or tuple(out.shape) != (r, inter) or out.stride(1) != 1 or out.device != gu.device:
+        raise ValueError(f"out must be bf16 [{r}, {inter}] on {gu.device}, contiguous along I; got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    if r and inter:
+        b = _block(inter)
+        _silu_mul_kernel[(r, triton.cdiv(inter, b))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK_I=b,
+                                                      num_warps=4)
+    return out
+
+
+def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fold each token's routes: ``out[t] = sum_j topk_weights[t, j] * y[t * k + j]`` over the
+    slots with ``0 <= topk_ids[t, j] < num_experts`` (the routes the routing kept), FP32 sums,
+    one bf16 rounding. y ``bf16 [T * k, N]`` (the indexed GEMM's output: row = route); topk_ids
+    ``int32 [T, k]``; topk_weights ``float32 [T, k]`` (applied as given); out optional
+    ``bf16 [T, N]``. Returns ``bf16 [T, N]`` (a token with no valid slot gets zeros)."""
+    if not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16 or y.dim() != 2:
+        raise TypeError(f"y must be bf16 [T*k, N], got {getattr(y, 'dtype', type(y).__name__)} "
+                        f"{tuple(getattr(y, 'shape', ()))}")
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype != torch.int32 or topk_ids.dim() != 2:
+        raise TypeError("topk_ids must be int32 [T, k]")
+    if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32:
+        raise TypeError("topk_weights must be float32 [T, k]")
+    if num_experts < 1:
+        raise ValueError(f"num_experts must be >= 1, got {num_experts}")
+    t, k = topk_ids.shape
+    if tuple(topk_weights.shape) != (t, k):
+        raise ValueError(f"topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
+    if y.shape[0] != t * k:
+        raise ValueError(f"y has {y.shape[0]} rows, expected T*k = {t * k}")
+    for name, x in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if not x.is_contiguous() or x.device != y.device:
+            raise ValueError(f"{name} must be contiguous and on {y.device}")
+    if y.stride(1) != 1:
+        raise ValueError("y must be contiguous along N")
+    n = y.shape[1]
+    if out is None:
+        out = torch.empty(t, n, dtype=torch.bfloat16, device=y.device)
+    elif out.dtype != torch.bfloat16 or tuple(out.shape) != (t, n) or out.stride(1) != 1 or out.device != y.device:
+        raise ValueError(f"out must be bf16 [{t}, {n}] on {y.device}, contiguous along N; got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    if t and n:
+        b = _block(n)
+        _combine_topk_kernel[(t, triton.cdiv(n, b))](y, topk_ids, topk_weights, out, n, k, num_experts, y.stride(0),
+                                                     out.stride(0), BLOCK_N=b, num_warps=4)
+    return out

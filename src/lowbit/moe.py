@@ -1,0 +1,121 @@
+"""The expert part of a MoE block on one set of prepared weights, routed to the faster of
+lowbit's two paths for the batch (reference: `lowbit.reference.moe_experts_ref(...,
+round_intermediate=True)`)::
+
+    out[t] = sum_j topk_weights[t, j] * (SiLU(g) * u) @ W2[e]^T,  (g, u) = hidden[t] @ W13[e]^T,
+    e = topk_ids[t, j] in [0, E) (``-1`` or an id >= E: a dropped slot, e.g. an expert on
+    another EP rank)
+
+Paths:
+
+- ``"output_centric"``: `lowbit.kernels.moe_decode` (issue 5). Two kernels organized around
+  outputs, the combine folded into the second. INT4 (`W4A16Weight`, profile ``"indexed"``)
+  or MXFP8 (`Mxfp8ExpertWeight`) weights.
+- ``"indexed"``: routing (`lowbit.routing.moe_align_block_size`), `w4a16_indexed` gate_up,
+  `silu_mul`, `w4a16_indexed` down, `combine_topk`. Five launches, INT4 only, on the same
+  prepared weights.
+
+``path="auto"`` (the default) picks by `moe_experts_path`: the output-centric path while a
+batch has at most `OUTPUT_CENTRIC_MAX_TOKENS` tokens (INT4), always for MXFP8 (the indexed GEMM
+takes INT4 only). ``LOWBIT_MOE_PATH`` overrides the choice. Both paths run without a host
+readback, so the layer can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .formats.w4a16 import W4A16Weight
+
+__all__ = ["PATHS", "OUTPUT_CENTRIC_MAX_TOKENS", "moe_experts", "moe_experts_path"]
+
+PATHS = ("output_centric", "indexed")
+
+#: The largest INT4 batch (tokens) that takes the output-centric path. H200, ninth session
+#: (`docs/performance.md`, "Kimi EP8 decode layer": 48 experts, H 7168, I 2048, top-8; both
+#: layers timed whole, routing and combine included): output-centric vs indexed 84.6 vs 113.4 us
+#: at 1 token, 150.2 vs 173.3 at 2, 223.8 vs 237.0 at 4, 356.0 vs 300.1 at 8 (indexed from 8).
+#: Measured on that shape only: other expert counts may cross elsewhere.
+OUTPUT_CENTRIC_MAX_TOKENS = 4
+
+_ENV = "LOWBIT_MOE_PATH"
+
+
+def moe_experts_path(tokens: int, fmt: str = "int4") -> tuple[str, str]:
+    """``(path, why)`` for a batch of `tokens` with weights of format `fmt` (``"int4"`` or
+    ``"mxfp8"``); ``LOWBIT_MOE_PATH`` (``output_centric`` / ``indexed``) overrides."""
+    forced = os.environ.get(_ENV, "")
+    if forced:
+        if forced not in PATHS:
+            raise ValueError(f"{_ENV}={forced!r}: expected one of {PATHS}")
+        return forced, f"{_ENV}={forced}"
+    if fmt != "int4":
+        return "output_centric", f"{fmt} weights: the indexed GEMM takes INT4 only"
+    if tokens <= OUTPUT_CENTRIC_MAX_TOKENS:
+        return "output_centric", f"{tokens} tokens <= {OUTPUT_CENTRIC_MAX_TOKENS} (H200 Kimi EP8 crossover)"
+    return "indexed", f"{tokens} tokens > {OUTPUT_CENTRIC_MAX_TOKENS} (H200 Kimi EP8 crossover)"
+
+
+def moe_experts(
+    hidden: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13,
+    w2,
+    *,
+    out: torch.Tensor | None = None,
+    path: str = "auto",
+) -> torch.Tensor:
+    """The expert part of a MoE block (module docstring).
+
+    hidden ``bf16 [M, H]``; topk_ids ``int32 [M, k]`` (``-1``: dropped slot); topk_weights
+    ``float32 [M, k]`` (applied as given, not renormalized); w13 ``[E, 2I, H]`` (gate rows, then
+    up rows) and w2 ``[E, H, I]``: both `W4A16Weight` (``pack_w4a16(..., profile="indexed")``)
+    or both `Mxfp8ExpertWeight` (output-centric path only); out optional ``bf16 [M, H]``;
+    path ``"auto"``, ``"output_centric"`` or ``"indexed"``. Returns ``bf16 [M, H]``.
+    """
+    from .kernels.moe_decode import _check_routing, _check_weights_pair, _weight_format, moe_decode  # noqa: PLC0415
+
+    if path != "auto" and path not in PATHS:
+        raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
+    _check_weights_pair(w13, w2)
+    if not isinstance(hidden, torch.Tensor) or hidden.dtype != torch.bfloat16 or hidden.dim() != 2:
+        raise TypeError(f"hidden must be bf16 [M, H], got {getattr(hidden, 'dtype', type(hidden).__name__)} "
+                        f"{tuple(getattr(hidden, 'shape', ()))}")
+    if hidden.shape[1] != w13.k:
+        raise ValueError(f"hidden has H={hidden.shape[1]}, w13 expects H={w13.k}")
+    m = hidden.shape[0]
+    _check_routing(topk_ids, topk_weights, m, hidden.device)
+    if topk_weights is None:
+        raise TypeError("topk_weights must be float32 [M, k], got None")
+    fmt = "int4" if isinstance(w13, W4A16Weight) else "mxfp8"
+    if path == "auto":
+        path, _ = moe_experts_path(m, fmt)
+    if path == "output_centric":
+        return moe_decode(hidden, topk_ids, topk_weights, w13, w2, out=out)
+    if _weight_format(w13) != "int4" or not isinstance(w2, W4A16Weight):
+        raise ValueError(f"path 'indexed' takes INT4 weights (W4A16Weight), got {fmt}")
+    return _indexed(hidden, topk_ids, topk_weights, w13, w2, out)
+
+
+def _indexed(hidden, topk_ids, topk_weights, w13: W4A16Weight, w2: W4A16Weight, out):
+    """Routing, gate_up, SiLU * up, down, combine (the expert-centric layer)."""
+    from .kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
+    from .kernels.w4a16_indexed import gluon_capable, w4a16_indexed, w4a16_indexed_config  # noqa: PLC0415
+    from .routing import moe_align_block_size  # noqa: PLC0415
+
+    m, top_k = topk_ids.shape
+    e, routes = w13.num_experts, m * top_k
+    if m == 0:
+        return out if out is not None else torch.empty(0, w2.n, dtype=torch.bfloat16, device=hidden.device)
+    c1 = w4a16_indexed_config(routes, e, w13.n, w13.k, gluon=gluon_capable(hidden, w13))
+    r1 = moe_align_block_size(topk_ids, c1.block_m, e)
+    gu = w4a16_indexed(hidden, w13, r1.sorted_token_ids, r1.expert_ids, r1.num_tokens_post_padded, top_k, config=c1)
+    act = silu_mul(gu)
+    c2 = w4a16_indexed_config(routes, e, w2.n, w2.k, gluon=gluon_capable(act, w2))
+    r2 = r1 if c2.block_m == c1.block_m else moe_align_block_size(topk_ids, c2.block_m, e)
+    # down: route r reads act row r (its own gate_up row), so the same sorted ids serve with top_k 1
+    y = w4a16_indexed(act, w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1, config=c2)
+    return combine_topk(y, topk_ids, topk_weights, e, out=out)
