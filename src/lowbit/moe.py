@@ -33,12 +33,13 @@ __all__ = ["PATHS", "OUTPUT_CENTRIC_MAX_TOKENS", "moe_experts", "moe_experts_pat
 
 PATHS = ("output_centric", "indexed")
 
-#: The largest INT4 batch (tokens) that takes the output-centric path. H200, ninth session
-#: (`docs/performance.md`, "Kimi EP8 decode layer": 48 experts, H 7168, I 2048, top-8; both
-#: layers timed whole, routing and combine included): output-centric vs indexed 84.6 vs 113.4 us
-#: at 1 token, 150.2 vs 173.3 at 2, 223.8 vs 237.0 at 4, 356.0 vs 300.1 at 8 (indexed from 8).
+#: The largest INT4 batch (tokens) that takes the output-centric path. H200, fifteenth session
+#: (`docs/performance.md`, "Fifteenth session": Kimi EP8, 48 experts, H 7168, I 2048, top-8;
+#: both layers timed whole, routing and combine included, CUDA graph), output-centric vs
+#: indexed: 85.9 vs 95.9 us at 1 token, 153.2 vs 155.3 at 2, 228.8 vs 222.5 at 4, 361.3 vs
+#: 285.1 at 8. (The ninth session, with the SiLU and the combine as torch ops: indexed from 8.)
 #: Measured on that shape only: other expert counts may cross elsewhere.
-OUTPUT_CENTRIC_MAX_TOKENS = 4
+OUTPUT_CENTRIC_MAX_TOKENS = 2
 
 _ENV = "LOWBIT_MOE_PATH"
 
