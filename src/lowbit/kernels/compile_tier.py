@@ -44,6 +44,7 @@ KERNEL_MODULES = [
     "lowbit.kernels.sinkhorn",
     "lowbit.kernels.moe_decode",
     "lowbit.kernels.moe_decode_sm90",
+    "lowbit.kernels.moe_elementwise",
     "lowbit.kernels.fp8_gemm",
     "lowbit.kernels.fp8_gemm_sm90",
     "lowbit.kernels.w4a16_sm90",

@@ -119,3 +119,19 @@ def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
         _combine_topk_kernel[(t, triton.cdiv(n, b))](y, topk_ids, topk_weights, out, n, k, num_experts, y.stride(0),
                                                      out.stride(0), BLOCK_N=b, num_warps=4)
     return out
+
+
+def compile_configs():
+    """Both kernels at the Kimi K2.x widths (SiLU over I = 2048, combine over H = 7168), for
+    the compile tier."""
+    from .compile_tier import KernelConfig  # noqa: PLC0415
+
+    return [
+        KernelConfig("moe_silu_mul[I=2048]", _silu_mul_kernel,
+                     {"gu_ptr": "*bf16", "out_ptr": "*bf16", "I": "i32", "stride_g": "i32", "stride_o": "i32",
+                      "BLOCK_I": "constexpr"}, {"BLOCK_I": _block(2048)}, num_warps=4),
+        KernelConfig("moe_combine_topk[H=7168]", _combine_topk_kernel,
+                     {"y_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32",
+                      "TOP_K": "i32", "E": "i32", "stride_y": "i32", "stride_o": "i32", "BLOCK_N": "constexpr"},
+                     {"BLOCK_N": _block(7168)}, num_warps=4, unaligned=("TOP_K", "E")),
+    ]
