@@ -58,6 +58,16 @@ def _block(n: int) -> int:
     return min(BLOCK, max(16, triton.next_power_of_2(n)))
 
 
+def _out_rows(out: torch.Tensor | None, rows: int, cols: int, device: torch.device, what: str) -> torch.Tensor:
+    """`out`, or a new ``bf16 [rows, cols]``, checked (contiguous along `what`, the columns)."""
+    if out is None:
+        return torch.empty(rows, cols, dtype=torch.bfloat16, device=device)
+    if out.dtype != torch.bfloat16 or tuple(out.shape) != (rows, cols) or out.stride(1) != 1 or out.device != device:
+        raise ValueError(f"out must be bf16 [{rows}, {cols}] on {device}, contiguous along {what}; got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    return out
+
+
 def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """``bf16(SiLU(gu[:, :I]) * gu[:, I:])`` in FP32. gu ``bf16 [R, 2I]`` (contiguous along the
     columns); out optional ``bf16 [R, I]``. Returns ``bf16 [R, I]``."""
@@ -70,11 +80,7 @@ def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tens
     if gu.stride(1) != 1:
         raise ValueError("gu must be contiguous along its columns")
     inter = two_i // 2
-    if out is None:
-        out = torch.empty(r, inter, dtype=torch.bfloat16, device=gu.device)
-    elif out.dtype != torch.bfloat16 or tuple(out.shape) != (r, inter) or out.stride(1) != 1 or out.device != gu.device:
-        raise ValueError(f"out must be bf16 [{r}, {inter}] on {gu.device}, contiguous along I; got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    out = _out_rows(out, r, inter, gu.device, "I")
     if r and inter:
         b = _block(inter)
         _silu_mul_kernel[(r, triton.cdiv(inter, b))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK_I=b,
@@ -109,11 +115,7 @@ def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     if y.stride(1) != 1:
         raise ValueError("y must be contiguous along N")
     n = y.shape[1]
-    if out is None:
-        out = torch.empty(t, n, dtype=torch.bfloat16, device=y.device)
-    elif out.dtype != torch.bfloat16 or tuple(out.shape) != (t, n) or out.stride(1) != 1 or out.device != y.device:
-        raise ValueError(f"out must be bf16 [{t}, {n}] on {y.device}, contiguous along N; got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    out = _out_rows(out, t, n, y.device, "N")
     if t and n:
         b = _block(n)
         _combine_topk_kernel[(t, triton.cdiv(n, b))](y, topk_ids, topk_weights, out, n, k, num_experts, y.stride(0),
