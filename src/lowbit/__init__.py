@@ -5,7 +5,8 @@ points below are resolved on first attribute access, so ``TRITON_INTERPRET=1`` c
 set after ``import lowbit`` (it must be set before the first kernel is touched).
 
 Sub-packages: `formats` (number formats), `routing` (MoE routing layouts), `reference`
-(pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`.
+(pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`; modules `moe`
+(`moe_experts`: the expert part of a MoE block) and `linear`.
 """
 
 from importlib import import_module
