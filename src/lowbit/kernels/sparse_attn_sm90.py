@@ -180,8 +180,8 @@ _REC = gl.constexpr(64 * 256 + 2 * 64)
 
 # Cross-CTA hand-off of split shares (through L2, no second kernel). Every thread of a writing
 # warpgroup fences its own stores and then counts once on the flag; the folding warpgroup's
-# threads poll until all writers' threads counted, fence, and return an opaque zero that the
-# workspace loads' addresses carry (so the compiler cannot issue them before the poll).
+# threads poll until all writers' threads counted, then fence (the asm's output is unused:
+# inline asm elementwise needs one).
 _SIGNAL_PTX = gl.constexpr("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [$1], 1;\n\tmov.u32 $0, 0;")
 _WAIT_PTX = gl.constexpr("""{
 \t.reg .pred %p;
