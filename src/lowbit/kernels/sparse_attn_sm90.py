@@ -178,10 +178,16 @@ def _slot_mask(idx_base, N, lo, hi, j, BK: gl.constexpr, s_l: gl.constexpr):
 #: its 64 maxima and 64 row sums.
 _REC = gl.constexpr(64 * 256 + 2 * 64)
 
-# Cross-CTA hand-off of split shares (through L2, no second kernel). Every thread of a writing
-# warpgroup fences its own stores and then counts once on the flag; the folding warpgroup's
-# threads poll until all writers' threads counted, then fence (the asm's output is unused:
-# inline asm elementwise needs one).
+# Cross-CTA hand-off of split shares (through L2, no second kernel), each step run once by every
+# thread of a consumer warpgroup (`_flag_step`):
+# - a writer: its share stores fenced, then one count on the flag (`_SIGNAL_PTX`);
+# - the folder: poll until every writer thread counted ($2), then fence (`_WAIT_PTX`); its
+#   workspace reads come after this side-effecting asm in program order, which neither LLVM
+#   nor ptxas crosses;
+# - the folder again, after its store: one more count; the thread whose count is the last
+#   ($2 = writers' and folder's counts - 1) zeroes the flag for the next launch (`_DONE_PTX`).
+#   Every thread passed its own wait before counting, and the count only grows until then.
+# (The asm's output is unused: inline asm elementwise needs one.)
 _SIGNAL_PTX = gl.constexpr("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [$1], 1;\n\tmov.u32 $0, 0;")
 _WAIT_PTX = gl.constexpr("""{
 \t.reg .pred %p;
@@ -193,16 +199,6 @@ _WAIT_PTX = gl.constexpr("""{
 \tfence.acq_rel.gpu;
 \tmov.u32 $0, 0;
 \t}""")
-
-
-@gluon.jit
-def _signal_share(flag_ptr):
-    """Each of the warpgroup's 128 threads: its share stores made visible, then one count."""
-    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # one element a thread
-    ptrs = flag_ptr + gl.zeros([128], gl.int32, one_l)
-    gl.inline_asm_elementwise(_SIGNAL_PTX, "=r,l", [ptrs], dtype=gl.int32, is_pure=False, pack=1)
-
-
 _DONE_PTX = gl.constexpr("""{
 \t.reg .pred %p;
 \tatom.relaxed.gpu.global.add.u32 $0, [$1], 1;
@@ -212,25 +208,12 @@ _DONE_PTX = gl.constexpr("""{
 
 
 @gluon.jit
-def _reset_flag(flag_ptr, last):
-    """Each of the folding warpgroup's 128 threads counts once more; the thread whose count is
-    the last (`last`: writers' and folder's counts - 1) zeroes the flag for the next launch.
-    Every thread passed its own wait before counting, and the count only grows until then."""
-    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _flag_step(ptx: gl.constexpr, flag_ptr, value):
+    """`ptx` on `flag_ptr` (operand $1, with `value` as $2) once by each of the warpgroup's 128
+    threads."""
+    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # one element a thread
     zero = gl.zeros([128], gl.int32, one_l)
-    gl.inline_asm_elementwise(_DONE_PTX, "=r,l,r", [flag_ptr + zero, zero + last], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _wait_shares(flag_ptr, target):
-    """Each of the warpgroup's 128 threads polls the flag until `target` counts are in, then
-    fences (once a thread: a gpu-scope fence costs a MEMBAR.GPU). The workspace reads come
-    after this side-effecting asm in program order, which neither LLVM nor ptxas crosses."""
-    one_l: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    zero = gl.zeros([128], gl.int32, one_l)
-    gl.inline_asm_elementwise(_WAIT_PTX, "=r,l,r", [flag_ptr + zero, zero + target], dtype=gl.int32, is_pure=False,
-                              pack=1)
+    gl.inline_asm_elementwise(ptx, "=r,l,r", [flag_ptr + zero, zero + value], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -273,9 +256,9 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
             gl.store(rec + off, acc)
             gl.store(rec + HT * DH + hh, m_o)
             gl.store(rec + HT * DH + HT + hh, l_o)
-            _signal_share(flag_ptr + HALF)
+            _flag_step(_SIGNAL_PTX, flag_ptr + HALF, 0)
         else:
-            _wait_shares(flag_ptr + HALF, 128 * (nsplit - 1))
+            _flag_step(_WAIT_PTX, flag_ptr + HALF, 128 * (nsplit - 1))
             m_all = m_o
             for w in range(nsplit - 1):
                 rec = ws_ptr + (rec0 + 2 * w + HALF).to(gl.int64) * _REC
@@ -289,7 +272,7 @@ def _epilogue(acc, m_i, l_i, l_smem, bars, HALF: gl.constexpr, sink_ptr, out_ptr
                 l_o += sc * gl.load(rec + HT * DH + HT + hh, cache_modifier=".cg")
                 acc += sc[:, None] * gl.load(rec + off, cache_modifier=".cg")
             _store_rows(acc, m_all, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
-            _reset_flag(flag_ptr + HALF, 128 * nsplit - 1)
+            _flag_step(_DONE_PTX, flag_ptr + HALF, 128 * nsplit - 1)
     else:
         _store_rows(acc, m_o, l_o, sink_ptr, out_ptr, rows, dd, H, stride_oh)
 
@@ -319,8 +302,7 @@ def _consumer_start(q_bar, HT: gl.constexpr, DH: gl.constexpr, s_l: gl.constexpr
 @gluon.jit
 def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
                  sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr,
-                 s_l: gl.constexpr,
-                 o_l: gl.constexpr):
+                 s_l: gl.constexpr, o_l: gl.constexpr):
     """Consumer WG0 (the default partition; left half of d): block 2t's scores and softmax at
     ``m0 = max(m, rowmax S0)``, its P (bf16, at m0) and m0 handed to WG1, ``acc += P0
     kv0[:, :256]`` from registers; then, with WG1's ``m1`` and P1 (at m1), ``acc`` rescaled to
@@ -370,8 +352,7 @@ def _attend_even(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, b
 @gluon.jit
 def _attend_odd(q_smem, q_bar, kv_ring, ready, empty, p_smem, m_smem, l_smem, bars, idx_base, N, lo, hi, npairs, qk_scale,
                 sink_ptr, out_ptr, rows0, H, stride_oh, ws_ptr, flag_ptr, rec0, pid_s, nsplit, FOLD: gl.constexpr,
-                 s_l: gl.constexpr,
-                o_l: gl.constexpr):
+                s_l: gl.constexpr, o_l: gl.constexpr):
     """Consumer WG1 (a worker partition; right half of d): block 2t + 1's scores issued first;
     then, as soon as WG0's P0 and m0 are in, ``acc`` rescaled to m0 and ``acc += P0
     kv0[:, 256:]`` from WG0's tile, its own softmax (at ``m1 = max(m0, rowmax S1)``) under
