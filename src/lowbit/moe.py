@@ -29,7 +29,7 @@ import torch
 
 from .formats.w4a16 import W4A16Weight
 
-__all__ = ["PATHS", "OUTPUT_CENTRIC_MAX_TOKENS", "moe_experts", "moe_experts_path"]
+__all__ = ["PATHS", "OUTPUT_CENTRIC_MAX_TOKENS", "indexed_configs", "moe_experts", "moe_experts_path"]
 
 PATHS = ("output_centric", "indexed")
 
@@ -77,7 +77,7 @@ def moe_experts(
     or both `Mxfp8ExpertWeight` (output-centric path only); out optional ``bf16 [M, H]``;
     path ``"auto"``, ``"output_centric"`` or ``"indexed"``. Returns ``bf16 [M, H]``.
     """
-    from .kernels.moe_decode import _check_routing, _check_weights_pair, _weight_format, moe_decode  # noqa: PLC0415
+    from .kernels.moe_decode import _check_routing, _check_weights_pair, moe_decode  # noqa: PLC0415
 
     if path != "auto" and path not in PATHS:
         raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
@@ -96,26 +96,37 @@ def moe_experts(
         path, _ = moe_experts_path(m, fmt)
     if path == "output_centric":
         return moe_decode(hidden, topk_ids, topk_weights, w13, w2, out=out)
-    if _weight_format(w13) != "int4" or not isinstance(w2, W4A16Weight):
+    if not (isinstance(w13, W4A16Weight) and isinstance(w2, W4A16Weight)):
         raise ValueError(f"path 'indexed' takes INT4 weights (W4A16Weight), got {fmt}")
     return _indexed(hidden, topk_ids, topk_weights, w13, w2, out)
+
+
+def indexed_configs(hidden: torch.Tensor, top_k: int, w13: W4A16Weight, w2: W4A16Weight) -> tuple:
+    """The `w4a16_indexed` configurations (gate_up, down) of the indexed path for `hidden`
+    ``[M, H]`` routed `top_k` ways (memoized by the GEMM's heuristics)."""
+    from .kernels.w4a16_indexed import gluon_capable, w4a16_indexed_config  # noqa: PLC0415
+
+    routes = hidden.shape[0] * top_k
+    # down's activations are a fresh contiguous [routes, I] tensor: 16-byte aligned rows iff I % 8 == 0
+    down_gluon = gluon_capable(hidden, w2) and w2.k % 8 == 0
+    return (w4a16_indexed_config(routes, w13.num_experts, w13.n, w13.k, gluon=gluon_capable(hidden, w13)),
+            w4a16_indexed_config(routes, w2.num_experts, w2.n, w2.k, gluon=down_gluon))
 
 
 def _indexed(hidden, topk_ids, topk_weights, w13: W4A16Weight, w2: W4A16Weight, out):
     """Routing, gate_up, SiLU * up, down, combine (the expert-centric layer)."""
     from .kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
-    from .kernels.w4a16_indexed import gluon_capable, w4a16_indexed, w4a16_indexed_config  # noqa: PLC0415
+    from .kernels.w4a16_indexed import w4a16_indexed  # noqa: PLC0415
     from .routing import moe_align_block_size  # noqa: PLC0415
 
     m, top_k = topk_ids.shape
-    e, routes = w13.num_experts, m * top_k
+    e = w13.num_experts
     if m == 0:
         return out if out is not None else torch.empty(0, w2.n, dtype=torch.bfloat16, device=hidden.device)
-    c1 = w4a16_indexed_config(routes, e, w13.n, w13.k, gluon=gluon_capable(hidden, w13))
+    c1, c2 = indexed_configs(hidden, top_k, w13, w2)
     r1 = moe_align_block_size(topk_ids, c1.block_m, e)
     gu = w4a16_indexed(hidden, w13, r1.sorted_token_ids, r1.expert_ids, r1.num_tokens_post_padded, top_k, config=c1)
     act = silu_mul(gu)
-    c2 = w4a16_indexed_config(routes, e, w2.n, w2.k, gluon=gluon_capable(act, w2))
     r2 = r1 if c2.block_m == c1.block_m else moe_align_block_size(topk_ids, c2.block_m, e)
     # down: route r reads act row r (its own gate_up row), so the same sorted ids serve with top_k 1
     y = w4a16_indexed(act, w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1, config=c2)

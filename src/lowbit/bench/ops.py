@@ -503,13 +503,16 @@ class DecodeLowbitIndexed(_DecodeBase):
         return None if problem.inputs["fmt"] == "int4" else "the indexed W4A16 GEMM takes INT4 weights only"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..moe import moe_experts, moe_experts_path  # noqa: PLC0415
+        from ..moe import indexed_configs, moe_experts, moe_experts_path  # noqa: PLC0415
 
         i = problem.inputs
         w13, w2 = self._int4_packed(problem)
         hidden, ids, tw = i["hidden"], i["topk_ids"], i["topk_weights"]
         path = self.path if self.path != "auto" else moe_experts_path(hidden.shape[0])[0]
         self._config = {"path": path}
+        if path == "indexed":
+            c1, c2 = indexed_configs(hidden, ids.shape[1], w13, w2)
+            self._config.update(gate_up=_cfg_dict(c1), down=_cfg_dict(c2))
         out = torch.empty(hidden.shape, dtype=torch.bfloat16, device=hidden.device)
         self._call = lambda: moe_experts(hidden, ids, tw, w13, w2, out=out, path=path)
         self._warm(problem)
