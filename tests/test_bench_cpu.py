@@ -21,7 +21,7 @@ from lowbit.bench.providers import (
 )
 from lowbit.bench.opcases import OpCase
 from lowbit.bench.ops import attn_bytes, build_op_problem, decode_bytes, gemm_bytes, quant_bytes
-from lowbit.bench.timing import measure, quantile
+from lowbit.bench.timing import measure, measure_interleaved, quantile
 from lowbit.formats import get_format
 from lowbit.reference.routing import build_contiguous_ref
 
@@ -342,6 +342,19 @@ def test_quantiles_and_cpu_timing():
     assert t.clock == "perf_counter" and t.reps == 5 and t.p20_us <= t.median_us <= t.p80_us
     with pytest.raises(ValueError, match="flush_mode"):
         measure(lambda: None, device="cpu", flush_mode="zero")
+    with pytest.raises(ValueError, match="CUDA"):
+        measure_interleaved({"a": lambda: None}, device="cpu")
+
+
+@pytest.mark.gpu
+def test_interleaved_timing_orders_by_work():
+    """Two graph-captured callables, one doing 8x the other's reads: one sample per round
+    each, and the bigger one measured slower."""
+    x = torch.randn(1 << 24, device="cuda")
+    small, big = x[: 1 << 21], x
+    t = measure_interleaved({"small": lambda: small.sum(), "big": lambda: big.sum()}, rounds=20)
+    assert set(t) == {"small", "big"} and t["small"].reps == t["big"].reps == 20
+    assert t["big"].median_us > 2 * t["small"].median_us and t["big"].cuda_graph and t["big"].l2_flushed
 
 
 # -- CLI -----------------------------------------------------------------------------------

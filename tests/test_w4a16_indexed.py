@@ -328,22 +328,25 @@ def test_tiles_with_n_off_16(block, gen, device):
 
 def test_gluon_default_for_decode(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, N % 8 == 0, aligned rows) the register-A Gluon kernel is
-    the default where it measured faster: the 16-row routing block up to tok_e 10, the 64-row
-    block from tok_e 32, the 128-row block from tok_e 85; the Triton tiles in between, except
-    for the TP profile (its 128x32 register-A tile). A routing
-    block fixed by the caller stays; 128-row blocks exist only on the Gluon kernel; an engine
-    override wins."""
+    the default at every tok_e (it measured faster everywhere): the 16-row routing block up to
+    tok_e 10, the 32-row block (64x32 tile) up to 32, the 64-row block from there, the 128-row
+    block from tok_e 85. A one-step K (TP8 down) runs the block's N-loop tile. A routing block
+    fixed by the caller stays; 128-row blocks exist only on the Gluon kernel; an engine override
+    wins."""
     for routes in (8, 32, 160, 400):  # EP8 1 / 4 / 20 / 50 tokens
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 16, 64, 3, 1), c
         assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
         assert "K shares" not in c.reason, c.reason  # no split-K on the Gluon kernel
+    c = w4a16_indexed_config(160, 384, 7168, 256, gluon=True)  # TP8 20 tokens, down: one K step
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 16, 128, 8) and "N-loop" in c.reason, c
     c = w4a16_indexed_config(8192, 384, 512, 7168, gluon=True)  # TP8 1024 tokens (tok_e 21)
-    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 128, 8), c  # TP: the 128x32 tile
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 64, 4), c  # the 64x32 tile
     c = w4a16_indexed_config(8192, 384, 7168, 256, gluon=True)  # ... whose one-step down runs the N loop
     assert (c.engine, c.block_m, c.block_n) == ("gluon_rs", 32, 128) and "N-loop" in c.reason, c
-    c = w4a16_indexed_config(1280, 48, 4096, 7168, gluon=True)  # EP8 160 tokens (tok_e 27): Triton stays
-    assert (c.engine, c.block_m) == ("triton", 32), c
+    c = w4a16_indexed_config(1280, 48, 4096, 7168, gluon=True)  # EP8 160 tokens (tok_e 27)
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 64, 4), c
+    assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
     c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 64, 256, 16), c  # prefill: four warpgroups
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)

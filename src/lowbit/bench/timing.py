@@ -22,6 +22,11 @@ Why it is done this way:
 - **Median, p20, p80 over many repetitions** (as triton's ``do_bench`` and Liger report):
   the median is insensitive to the occasional clock dip or preemption; p20-p80 shows the
   spread, so a difference between providers smaller than it is visibly noise.
+- **Interleaved A/B** (`measure_interleaved`): variants that must be compared within a few
+  percent are replayed in turn, in a fresh random order each round, so a drift of the GPU's
+  clocks or an order effect lands on every variant alike. Timed one after another with
+  `measure`, an unchanged kernel read 1.09x against itself in one probe (thirteenth session);
+  interleaved, two repeats of a sixteenth-session probe agreed within 1%.
 - **Warm-up outside the timed region**: JIT compilation (Triton, Humming's NVRTC), autotuning,
   allocator growth and lazy module loading happen in the first calls.
 
@@ -38,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["Timing", "measure", "L2_FLUSH_BYTES", "quantile"]
+__all__ = ["Timing", "measure", "measure_interleaved", "L2_FLUSH_BYTES", "quantile"]
 
 #: Size of the buffer zeroed before each repetition (4x the H200's 60 MiB L2, as do_bench).
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -186,3 +191,40 @@ def measure(
     torch.cuda.synchronize(dev)
     samples = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
     return _summarize(samples, l2_flushed=flush_l2, cuda_graph=cuda_graph, clock="cuda_event")
+
+
+def measure_interleaved(fns: dict[str, Callable[[], Any]], *, rounds: int = 60,
+                        device: torch.device | str | None = None) -> dict[str, Timing]:
+    """Time several callables against one another (GPU only): each is warmed up and captured
+    into a CUDA graph, then every round replays each graph once, in a fresh random order,
+    behind a read flush of the L2 (as `measure`). Returns a `Timing` per name (`rounds`
+    samples each). For A/B comparisons of kernel variants, where `measure` run one after the
+    other picks up clock drift and order effects of a few percent."""
+    import random
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.type != "cuda":
+        raise ValueError("measure_interleaved needs a CUDA device")
+    calls = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize(dev)
+        calls[name] = _capture_graph(fn, dev)
+    flush_buf = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=dev)
+    names = list(calls)
+    order, events = [], []
+    for _ in range(rounds):
+        random.shuffle(names)
+        for name in names:
+            flush_buf.sum(dtype=torch.int64)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            calls[name]()
+            end.record()
+            order.append(name)
+            events.append((start, end))
+    torch.cuda.synchronize(dev)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for name, (start, end) in zip(order, events):
+        samples[name].append(start.elapsed_time(end) * 1e3)
+    return {name: _summarize(v, l2_flushed=True, cuda_graph=True, clock="cuda_event") for name, v in samples.items()}

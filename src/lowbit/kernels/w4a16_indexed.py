@@ -141,46 +141,35 @@ ENV_OVERRIDES = override_names("W4A16")
 
 
 #: On a Hopper GPU (N a multiple of 8, rows 16-byte aligned) the register-A Gluon kernel
-#: (`w4a16_sm90`, engine "gluon_rs") by tok_e: (max tok_e, its routing block or None = the
-#: Triton tiles, why). The first row that fits picks the routing block when the caller has not
-#: built the routing yet. H200, 2026-11-29 (fourth session), Kimi gate_up + down, CUDA graph,
-#: L2 flushed, us (`scripts/sweeps/w4a16_indexed_rs_blocks.json`):
+#: (`w4a16_sm90`, engine "gluon_rs") by tok_e: (max tok_e, its routing block, why). The first row
+#: that fits picks the routing block when the caller has not built the routing yet; EP and TP
+#: profiles share it (a one-step K, TP down, runs the block's N-loop tile: `_fit_engine`).
+#: H200, 2026-11-29 (fourth session), Kimi gate_up + down, CUDA graph, L2 flushed, us
+#: (`scripts/sweeps/w4a16_indexed_rs_blocks.json`):
 #:   EP8 1 / 4 / 20 tokens (tok_e 0.17 / 0.67 / 3.3), 64x16: 103.7 / 258.2 / 478.7 (3 stages)
 #:       (the kernel before rows were gathered by cp.async: 130.6 / 290.4 / 542.9; Triton 154.3 /
 #:       322.3 / 559.3 in the third session)
 #:   EP8 50 tokens (tok_e 8.3): gluon_rs 16-row 503.8; Triton 16-row 579.8; gluon_rs 32-row 587.3
-#:   TP8 1024 tokens (tok_e 21): Triton 32-row 874.5; gluon_rs 32-row 890.9, 16-row 1238.5
 #:   EP8 256 tokens (tok_e 43): Triton 64-row 1195.9; gluon_rs 64-row 866.0 (128x64), 982.7
 #:       (64x64); 128-row 1203.6
 #:   EP8 1024 tokens (tok_e 171): Triton 3520.7; gluon_rs 128-row 2484.5 (128x128), 64-row 2576.1
 #:   TP8 8192 tokens (tok_e 171): Triton 4963.3; gluon_rs 128-row 3686.0, 64-row 4064.5
+#: Sixteenth session (`scripts/probes/mid_tiles.py`, same process, interleaved, gate_up / down):
+#:   EP8 60 tokens (tok_e 10): 64x16 263.0 / 154.1, 64x32 327.0 / 189.8; EP8 100 / 150 / 190
+#:   tokens (tok_e 17-32): 64x32 329.3 / 191.7, 358.4 / 218.5, 462.9 / 268.9 against Triton 32-row
+#:   439.1 / 236.9, 481.1 / 262.5, 612.1 / 320.4 and 64x16 378.9 / 221.5, 502.3 / 288.4, 592.5 /
+#:   331.6; TP8 1024 tokens gate_up 64x32 343.0 vs 128x32 396.0, the Triton tiles no longer win.
 _GLUON_BLOCKS = (
-    (10, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-50 tokens: "
-             "1.15-1.49x the Triton kernel)"),
-    (32, None, "between decode and prefill the Triton tiles (H200 TP8 tok_e 21: 874.5 us vs Gluon 890.9 "
-               "with 32-row blocks, 1238.5 with 16)"),
+    (10, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-60 tokens: "
+             "1.15-1.49x the Triton kernel, 1.24x the 32-row block at tok_e 10)"),
+    (32, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
+             "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; TP8 tok_e 21 gate_up 64x32 1.15x 128x32)"),
     (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
              "Triton 1196 with 128 weight rows; 256 weight rows 1.09-1.10x that)"),
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128-row routing block (H200 tok_e 171: EP8 "
                         "2485 us, TP8 3686 vs Triton 3521 / 4963 with 128 weight rows, 64-row block 2576 / 4065; "
                         "256 weight rows 1.10-1.14x that)"),
 )
-#: The TP profile (many experts, thin projections: Kimi TP8 down has K = 256) differs between
-#: decode and prefill: its down projection is one K step, which the register-A 128x32 tile runs
-#: as the N loop (`w4a16_sm90._w4a16_indexed_nloop_kernel`). H200, 2026-11-30, TP8 1024 tokens
-#: (tok_e 21), gate_up + down, CUDA graph (`scripts/sweeps/w4a16_tp8_nloop.json`): 576.4 us vs
-#: Triton 32-row tiles 847.4. EP keeps `_GLUON_BLOCKS` (EP8 at tok_e 10-32 was not measured with
-#: the 128x32 tile; its down projection, K = 2048, has no N loop).
-_GLUON_BLOCKS_TP = (
-    _GLUON_BLOCKS[0],
-    (32, 32, "sm_90 TP between decode and prefill: register-A Gluon kernel, 32-row routing block, 128x32 tile, "
-             "the one-step down projection as the N loop (H200 TP8 tok_e 21: 576.4 us vs Triton 847.4)"),
-    *_GLUON_BLOCKS[2:],
-)
-
-
-def _gluon_blocks(profile: str) -> tuple:
-    return _GLUON_BLOCKS_TP if profile == "TP" else _GLUON_BLOCKS
 
 
 #: Eighth session: with a K of more than one step (and two waves of programs, `wide_tile_pays`)
@@ -196,11 +185,11 @@ def _gluon_blocks(profile: str) -> tuple:
 _WS_BLOCKS = (64, 128)
 
 
-def _gluon_runs(block_m: int, tok_e: float, profile: str) -> bool:
+def _gluon_runs(block_m: int, tok_e: float) -> bool:
     """Whether the register-A kernel is the default for a routing block at this tok_e: the
-    block `_GLUON_BLOCKS` (`_GLUON_BLOCKS_TP`) picks; in its prefill range either prefill block
+    block `_GLUON_BLOCKS` picks; in its prefill range either prefill block
     (both measured faster than Triton there); a block only it runs."""
-    _, rs_block, _ = next(r for r in _gluon_blocks(profile) if tok_e <= r[0])
+    _, rs_block, _ = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
     prefill = (64, 128)
     return block_m == rs_block or (rs_block in prefill and block_m in prefill) or block_m not in VALIDATED_TILES
 
@@ -217,8 +206,8 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     gluon = gluon and env_value(env, "engine") in ("", *REGISTER_A_ENGINES)
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
-        _, rs_block, rs_why = next(r for r in _gluon_blocks(profile) if tok_e <= r[0])
-        if gluon and rs_block is not None:
+        _, rs_block, rs_why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+        if gluon:
             block_m, why = rs_block, rs_why
     else:
         why = "block_m fixed by the routing"
@@ -229,7 +218,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                 f"one of {sorted(VALIDATED_TILES)} (on sm_90 also {rs_blocks}) (w4a16_indexed_config(...).block_m)"
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
-    rs = gluon and _gluon_runs(block_m, tok_e, profile)
+    rs = gluon and _gluon_runs(block_m, tok_e)
     if rs:  # the Gluon kernel does not split K
         split, split_why = 1, ""
     why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")
@@ -268,8 +257,14 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    bw, _, warps, stages = pick_gluon_tile(_engine_tiles(engine), cfg.block_m, cfg, env)
     from .w4a16_sm90 import NLOOP_N_TILES, runs_nloop
+
+    tiles = _engine_tiles(engine)
+    if engine in REGISTER_A_ENGINES and k <= 256:
+        # one K step: the routing block's N-loop tile first (H200, sixteenth session, TP8 down: 128x16
+        # 1.50-1.65x the 64x16 tile at 4-50 tokens; 128x32 2.69x it at 1024)
+        tiles = tuple(t for t in tiles if runs_nloop(t, k)) + tiles
+    bw, _, warps, stages = pick_gluon_tile(tiles, cfg.block_m, cfg, env)
 
     nloop = (f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
              if engine in REGISTER_A_ENGINES and runs_nloop((bw, cfg.block_m, warps, stages), k) else "")

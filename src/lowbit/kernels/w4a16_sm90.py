@@ -102,15 +102,18 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   113.3 / 258.7 / 480.7, 6 stages 117.7 / 298.5 / 562.7; 128x16 136.2 / 360.4 / 692.9
 #:   64-row block, 256 tokens: 128x64 866.0, 64x64 982.7; 128-row block, 1024 tokens: 128x128
 #:   2484.5, 64x128 2836.0 (`w4a16_indexed._GLUON_BLOCKS` has the comparison with Triton)
-#: 32-row block, 2026-11-30: 128x32 first, the TP profile's tile (`w4a16_indexed._GLUON_BLOCKS_TP`:
-#:   TP8 1024 tokens 576.4 us, its one-step down projection as the N loop; Triton 32-row 847.4).
+#: 32-row block, sixteenth session (`scripts/probes/mid_tiles.py`, same process, interleaved, us):
+#:   64x32 first: TP8 512 / 1024 tokens gate_up 332.1 / 343.0 vs 128x32 383.3 / 396.0; EP8 100 /
+#:   150 / 190 tokens gate_up 329.3 / 358.4 / 462.9 vs Triton 32-row 439.1 / 481.1 / 612.1, down
+#:   191.7 / 218.5 / 268.9 vs 236.9 / 262.5 / 320.4. A one-step K runs the block's N-loop tile
+#:   instead (`w4a16_indexed._fit_engine`: TP8 down 1.4-2.7x the 64-row tiles).
 #: 64- and 128-row blocks, eighth session: the four-warpgroup tiles (256 weight rows, 16 warps,
 #:   `_rs_groups_mainloop`; 102-128 registers, no spills) first, H200 (`scripts/probes/wide_tile.py`,
 #:   same process, bit-identical, us, warp-specialized 128-row tile -> 256): EP8 256 tokens gate_up
 #:   509.2 -> 468.2, down 287.1 -> 261.8; 1024 tokens 1364.0 -> 1243.0 and 727.2 -> 649.7; TP8 8192
 #:   tokens gate_up 1364.0 -> 1191.9. 256x16 at 20 tokens: 0.80x / 0.74x the 64x16 tile (not kept);
 #:   64-row blocks at 1024 tokens: 0.84-0.87x the 128-row ones on the 256-row tile too.
-INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 32, 8, 4), (64, 32, 4, 4),
+INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
                     (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
                     (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
