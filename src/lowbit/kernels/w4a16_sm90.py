@@ -447,6 +447,22 @@ def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
 
 
 @gluon.jit
+def _issue_regs_split(xs, s, acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7):
+    """`_issue_regs` into two accumulators, the even groups into `acc` and the odd ones into
+    `acc2`: two chains of dependent wgmmas a step instead of one, whose results the caller
+    adds once after the loop (`_split_acc` says where that measured faster)."""
+    acc = warpgroup_mma(w0, xs.index(s * _GROUPS + 0).permute((1, 0)), acc, is_async=True)
+    acc2 = warpgroup_mma(w1, xs.index(s * _GROUPS + 1).permute((1, 0)), acc2, is_async=True)
+    acc = warpgroup_mma(w2, xs.index(s * _GROUPS + 2).permute((1, 0)), acc, is_async=True)
+    acc2 = warpgroup_mma(w3, xs.index(s * _GROUPS + 3).permute((1, 0)), acc2, is_async=True)
+    acc = warpgroup_mma(w4, xs.index(s * _GROUPS + 4).permute((1, 0)), acc, is_async=True)
+    acc2 = warpgroup_mma(w5, xs.index(s * _GROUPS + 5).permute((1, 0)), acc2, is_async=True)
+    acc = warpgroup_mma(w6, xs.index(s * _GROUPS + 6).permute((1, 0)), acc, is_async=True)
+    acc2 = warpgroup_mma(w7, xs.index(s * _GROUPS + 7).permute((1, 0)), acc2, is_async=True)
+    return acc, acc2
+
+
+@gluon.jit
 def _stage_boxes(xs, st):
     """Stage `st` of a ``[STAGES * 8, BR, 32]`` activation ring as one ``[8, BR, 32]`` view (a
     memdesc slice needs a constant start; BR is a multiple of the swizzle period, so the eight
@@ -541,22 +557,25 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 
 @gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
-                 BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+                 BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
+                 SPLIT_ACC: gl.constexpr = False):
     """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
-    whole step's fragments twice (`_rs_steps_mainloop`); four-warpgroup tiles (256 weight rows)
-    dequantize one group at a time (`_rs_groups_mainloop`). Same arguments and result."""
+    whole step's fragments twice (`_rs_steps_mainloop`, which SPLIT_ACC gives two accumulators);
+    four-warpgroup tiles (256 weight rows) dequantize one group at a time (`_rs_groups_mainloop`).
+    Same arguments and result."""
     if w_desc.block_type.shape[0] > 128:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
                                   GATHER, x_l)
     else:
         acc = _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
-                                 GATHER, x_l)
+                                 GATHER, x_l, SPLIT_ACC)
     return acc
 
 
 @gluon.jit
 def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
-                       BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+                       BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
+                       SPLIT_ACC: gl.constexpr):
     """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
     (scales from row `srow` of the ``[E * Kp / 32, N]`` view), dequantized as wgmma's register
     A operand, times the activation rows (B operand from the STAGES-deep shared-memory ring:
@@ -567,7 +586,8 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
     the top of step k, before its products are issued: STAGES - 1 weight steps stay in flight
     through the dequantization, where refilling after the products retire left STAGES - 2
     (one, at three stages: too few bytes in flight to stream HBM at decode). The activations
-    of a stage are refilled once step k's products retire (``wait_group 0``, then a barrier)."""
+    of a stage are refilled once step k's products retire (``wait_group 0``, then a barrier).
+    SPLIT_ACC: the odd groups accumulate apart (`_issue_regs_split`), summed after the loop."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     BW: gl.constexpr = w_desc.block_type.shape[0]
     # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
@@ -575,6 +595,7 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
                                                      BR, STAGES, GATHER, x_l)
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
+    acc2 = gl.zeros([BW, BR], gl.float32, mma)  # SPLIT_ACC only (loop-invariant, and dropped, otherwise)
     mbarrier.wait(wready.index(0), 0)
     w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
     gl.thread_barrier()  # every warp holds its step-0 fragments: stage 0's weights are free
@@ -583,7 +604,10 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
         s = kt % STAGES
         if not GATHER:
             mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
-        acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+        if SPLIT_ACC:
+            acc, acc2 = _issue_regs_split(xs, s, acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7)
+        else:
+            acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
         # step kt+1 dequantized into registers while step kt's products run
         s1 = (kt + 1) % STAGES
         mbarrier.wait(wready.index(s1), ((kt + 1) // STAGES) & 1)
@@ -591,7 +615,10 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
         if GATHER:  # step kt+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        if SPLIT_ACC:
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7))[:2]
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
         # every warpgroup is done with stage s's activations and stage s1's words
         gl.thread_barrier()
         _load_acts(x_desc, a_rows, row_ok, K, r0, kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
@@ -601,8 +628,13 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
     sl = (nk - 1) % STAGES
     if not GATHER:
         mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)
-    acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+    if SPLIT_ACC:
+        acc, acc2 = _issue_regs_split(xs, sl, acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7)
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7))[:2]
+        acc = acc + acc2
+    else:
+        acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
     _rs_rings_done(wready, xready, STAGES, GATHER)
     return acc
 
@@ -845,7 +877,7 @@ def _w4a16_grouped_rs_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm,
     STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
-    num_warps: gl.constexpr,
+    SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
@@ -866,7 +898,7 @@ def _w4a16_grouped_rs_kernel(
                            False, x_l=mma)  # x_l: any layout, no gather
     else:
         acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                           BR, STAGES, False, mma)
+                           BR, STAGES, False, mma, SPLIT_ACC)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
@@ -1190,12 +1222,24 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     w_desc, s_desc = _weight_descs(w, bw)
     blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
-    extra = {"WARP_SPECIALIZE": warp_specialize} if regs_a else {}
+    extra = {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile)} if regs_a else {}
     n_fastest = _n_fastest(br)
     kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
         x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
         STAGES=stages, MASKED=bool(max_m), N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
+
+
+#: The grouped register-A tiles whose main loop keeps two accumulators (`_issue_regs_split`).
+#: H200, sixteenth session (`scripts/probes/split_acc.py`, interleaved, Kimi EP8 masked, us,
+#: gate_up / down): 64x32 at 16 tok/expert 359.0 -> 339.1 / 226.1 -> 209.6 and 364.1 -> 347.0 /
+#: 226.0 -> 209.2 (1.05-1.08x); 64x16 at 8 tok/expert 1.02x, 128x64 at 32-64 1.00x (not split).
+#: The indexed kernel's 64x32 tile (cp.async gather) ran 0.97x split, so it keeps one.
+SPLIT_ACC_TILES = ((64, 32, 4, 4),)
+
+
+def _split_acc(tile) -> bool:
+    return tuple(tile) in SPLIT_ACC_TILES
 
 
 def split_tile_rows(rows: float) -> int:
@@ -1287,7 +1331,7 @@ def compile_configs():
             "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "N_FASTEST": "constexpr",
             "num_warps": "constexpr",
         }
-        extra = {"WARP_SPECIALIZE": kind == "_ws"} if rs else {}
+        extra = {"WARP_SPECIALIZE": kind == "_ws", "SPLIT_ACC": _split_acc((bw, br, warps, stages))} if rs else {}
         for masked in (False, True):
             cfgs.append(KernelConfig(
                 f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{kind}"
