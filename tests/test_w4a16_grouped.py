@@ -238,6 +238,20 @@ def test_masked_expected_m_far_from_counts(gen, device):
         assert_close(masked(a3, pw, mm, expected).cpu()[valid].float(), ref, "bf16_out", f"expected_m={expected}")
 
 
+def test_masked_row_slots():
+    """The Gluon masked grid: programs an expert for the expected rows (expected_m x 1.3), at
+    least one, at most one a row block of max_m; 0 asks for every block; out of range raises."""
+    from lowbit.kernels.w4a16_sm90 import _slots, masked_row_slots
+
+    assert masked_row_slots(1.3 * 8, 256, 16) == 1  # Kimi masked 8 tok/expert: 16 blocks -> 1 program
+    assert masked_row_slots(1.3 * 32, 256, 16) == 3
+    assert masked_row_slots(1.3 * 1000, 256, 64) == 4  # capped at cdiv(max_m, 64)
+    assert masked_row_slots(0.5, 40, 16) == 1
+    assert _slots(256, 16, 0) == 16 and _slots(256, 16, 3) == 3 and _slots(0, 16, 0) == 1
+    with pytest.raises(ValueError, match="row_slots"):
+        _slots(256, 16, 17)
+
+
 def test_heuristics():
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).block_m == max(VALIDATED_TILES)
     assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, expected_m=32).block_m == 64  # 1.3 x 32 > 32

@@ -83,6 +83,8 @@ class KernelConfig:
     #: ptxas performance codes tolerated (e.g. ``"C7515"``: wgmma serialized); like spills, each
     #: must cite a measurement showing the configuration is still worth building
     allowed_ptxas: tuple[str, ...] = ()
+    #: ptxas register cap the launcher passes (``maxnreg``), None when it passes none
+    maxnreg: int | None = None
 
 
 @dataclass
@@ -124,7 +126,8 @@ def compile_sm90(cfg: KernelConfig) -> CompileReport:
         k = triton.compile(
             src,
             target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                     **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {})},
         )
     except Exception as exc:  # report, do not crash the tier
         cause = f" (cause: {exc.__cause__!r})" if exc.__cause__ is not None else ""

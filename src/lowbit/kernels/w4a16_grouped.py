@@ -123,6 +123,9 @@ def _tile_for_rows(rows: float) -> int:
 #: 32 tok/expert (x64 tiles) 485.6 vs 470.8 and 292.4 vs 245.6; 64 tok 705.5 vs 622.4 and
 #: 386.5 vs 335.7.
 _WIDE_MIN_ROWS = 64
+#: The masked heuristics' spread of real counts around expected_m (DeepGEMM's rule): the M tile
+#: and the Gluon grid's programs an expert (`w4a16_sm90.masked_row_slots`) hold 1.3x expected_m.
+MASKED_SPREAD = 1.3
 
 
 @lru_cache(maxsize=4096)
@@ -136,7 +139,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
     else:
         # DeepGEMM's masked rule, measured for the indexed family: one M tile should hold the
         # expected rows plus the 1.3x spread of real counts, so deep-K gate_up is read once
-        bm = _tile_for_rows(1.3 * expected_m)
+        bm = _tile_for_rows(MASKED_SPREAD * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
     split = 0
@@ -144,7 +147,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         from .w4a16_sm90 import split_tile_rows, wide_tile_pays
 
         # masked past 64 expected rows: one split tile an expert (80 / 96 rows) instead of two 64-row ones
-        split = split_tile_rows(1.3 * expected_m) if mode == "masked" else 0
+        split = split_tile_rows(MASKED_SPREAD * expected_m) if mode == "masked" else 0
         # the Gluon contiguous tile takes whole 128-row segments; masked: the live blocks of each expert
         row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // (split or bm)))
         if wide_tile_pays(row_blocks, n):
@@ -310,12 +313,13 @@ def _triton_config(config: W4A16Config, n: int) -> W4A16Config:
     return avoid_miscompile(config, n)
 
 
-def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0) -> None:
+def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int = 0, expected_m: int = 0) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, TMA-able rows. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers;
-    ``gluon_ws``: in registers, with a producer warp issuing the loads."""
+    ``gluon_ws``: in registers, with a producer warp issuing the loads. Masked: a grid of
+    programs for the expected rows (`masked_row_slots`), not for max_m."""
     require_sm90(a.device, mode)
-    from .w4a16_sm90 import GLUON_SPLIT_TILES, w4a16_grouped_sm90_launch, w4a16_grouped_split_launch
+    from .w4a16_sm90 import GLUON_SPLIT_TILES, masked_row_slots, w4a16_grouped_sm90_launch, w4a16_grouped_split_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
     tiles = _engine_tiles(config.engine, mode)
@@ -326,10 +330,12 @@ def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int =
     why = tma_problem(a, "the activations")
     if why:
         raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
+    slots = masked_row_slots(MASKED_SPREAD * expected_m, max_m, config.block_m) if max_m else 0
     if tile in GLUON_SPLIT_TILES:
         w4a16_grouped_split_launch(a, w, route, out, tile, max_m)
     else:
-        w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=config.engine == "gluon_ws")
+        w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=config.engine == "gluon_ws",
+                                  row_slots=slots)
 
 
 def masked(
@@ -378,7 +384,7 @@ def masked(
     if max_m == 0:
         return out
     if config.engine in GLUON_ENGINES:
-        _launch_gluon("masked", a_flat, w, masked_m, out, config, max_m)
+        _launch_gluon("masked", a_flat, w, masked_m, out, config, max_m, expected_m)
         return out
     config = _triton_config(config, w.n)
     grid = (g, triton.cdiv(max_m, config.block_m), triton.cdiv(w.n, config.block_n))

@@ -63,6 +63,8 @@ depth in the PTX, no spills).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -82,7 +84,7 @@ from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
-           "split_tile_rows", "wide_tile_pays",
+           "split_tile_rows", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -242,24 +244,30 @@ def _tile_ids(N, BW: gl.constexpr, N_FASTEST: gl.constexpr):
 
 
 @gluon.jit
-def _grouped_block(route_ptr, pid_r, max_m, BR: gl.constexpr, MASKED: gl.constexpr):
-    """Row block `pid_r` of a grouped layout: its expert, first row, the expert's valid rows
-    (masked; unused for contiguous) and whether it has work. Masked: ``cdiv(max_m, BR)`` blocks
-    an expert, route_ptr = masked_m, no work past ``masked_m[e]``. Contiguous: route_ptr =
-    m_indices, no work for a padding block (``m_indices < 0``: its rows are never read)."""
+def _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR: gl.constexpr, MASKED: gl.constexpr):
+    """The row blocks of program row `pid_r` in a grouped layout, as a loop: its expert, the
+    first row of the expert's slab (base), ``range(first, stop, step)`` over the block starts
+    inside it, and the expert's valid rows (masked; unused for contiguous).
+    Masked: `row_slots` programs an expert (route_ptr = masked_m), slot j taking blocks j,
+    j + row_slots, ... below ``masked_m[e]``: a grid sized for the expected rows, not for max_m
+    (a program with no block left does nothing), and any count still covered. Contiguous:
+    route_ptr = m_indices, one block a program, none for a padding block (``m_indices < 0``:
+    its rows are never read); `row_slots` unused."""
     if MASKED:
-        blocks = gl.cdiv(max_m, BR)
-        e = pid_r // blocks
-        rb = (pid_r % blocks) * BR  # first row inside the expert's slab
+        e = pid_r // row_slots
+        base = e * max_m
         valid = gl.minimum(gl.load(route_ptr + e), max_m)
-        live = rb < valid
-        r0 = e * max_m + rb
+        first = (pid_r % row_slots) * BR
+        stop = valid
+        step = row_slots * BR
     else:
-        r0 = pid_r * BR
-        e = gl.load(route_ptr + r0)
-        live = e >= 0
+        base = 0
+        first = pid_r * BR
+        e = gl.load(route_ptr + first)
+        stop = gl.where(e >= 0, first + BR, first)
+        step = BR
         valid = max_m  # padding rows are found through m_indices
-    return e, r0, valid, live
+    return e, base, first, stop, step, valid
 
 
 @triton.constexpr_function
@@ -335,22 +343,30 @@ def _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_rou
 @gluon.jit
 def _w4a16_grouped_sm90_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
-    N, K, max_m, stride_cm,
+    N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Contiguous (MASKED=0): m / BR row blocks, route_ptr = m_indices, the expert of each
-    row (-1 = padding). Masked (MASKED=1): G * cdiv(max_m, BR) row blocks, route_ptr =
-    masked_m, the valid rows of each expert's max_m-row slab. Grid: row blocks x N tiles, one
-    axis (`_tile_ids`). w_desc: the packed words as
+    row (-1 = padding). Masked (MASKED=1): G * row_slots program rows, route_ptr = masked_m,
+    the valid rows of each expert's max_m-row slab (`_grouped_rows`). Grid: program rows x N
+    tiles, one axis (`_tile_ids`). w_desc: the packed words as
     ``[E * N, Kp / 8]``; s_desc: the scales as ``[E * Kp / 32, N]``."""
     BR: gl.constexpr = x_desc.block_type.shape[0]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
-    e, r0, valid, live = _grouped_block(route_ptr, pid_r, max_m, BR, MASKED)
-    if not live:
-        return
+    e, base, first, stop, step, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR, MASKED)
     n0 = pid_n * BW
+    for rb in range(first, stop, step):
+        _grouped_smem_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, N, K, max_m, stride_cm, e, base + rb, n0,
+                            valid, STAGES, MASKED, num_warps)
 
+
+@gluon.jit
+def _grouped_smem_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, N, K, max_m, stride_cm, e, r0, n0, valid,
+                        STAGES: gl.constexpr, MASKED: gl.constexpr, num_warps: gl.constexpr):
+    """One row block (rows ``r0 ..`` of expert `e`) x one N tile of `_w4a16_grouped_sm90_kernel`."""
+    BR: gl.constexpr = x_desc.block_type.shape[0]
+    BW: gl.constexpr = w_desc.block_type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
     deq_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BW, 32], gl.bfloat16)
@@ -875,7 +891,7 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
 @gluon.jit
 def _w4a16_grouped_rs_kernel(
     x_desc, w_desc, s_desc, c_ptr, route_ptr,
-    N, K, max_m, stride_cm,
+    N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
     SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -887,25 +903,25 @@ def _w4a16_grouped_rs_kernel(
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
-    e, r0, valid, live = _grouped_block(route_ptr, pid_r, max_m, BR, MASKED)
-    if not live:
-        return
+    e, base, first, stop, step, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR, MASKED)
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`)
-        acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
-                           False, x_l=mma)  # x_l: any layout, no gather
-    else:
-        acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                           BR, STAGES, False, mma, SPLIT_ACC)
-    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+    for rb in range(first, stop, step):
+        r0 = base + rb
+        if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`)
+            acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR,
+                               STAGES, False, x_l=mma)  # x_l: any layout, no gather
+        else:
+            acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
+                               BR, STAGES, False, mma, SPLIT_ACC)
+        _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
 def _w4a16_grouped_split_kernel(
     x_desc, x2_desc, w_desc, s_desc, c_ptr, route_ptr,
-    N, K, max_m, stride_cm,
+    N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
 ):
     """`_w4a16_grouped_rs_kernel` on a row tile BR_HI + BR_LO that is not a power of two (the
@@ -916,18 +932,20 @@ def _w4a16_grouped_split_kernel(
     BR_LO: gl.constexpr = x2_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
-    e, r0, valid, live = _grouped_block(route_ptr, pid_r, max_m, BR_HI + BR_LO, MASKED)
-    if not live:
-        return
+    e, base, first, stop, _, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR_HI + BR_LO, MASKED)
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR_HI, 16])
     mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                    instr_shape=[16, BR_LO, 16])
-    acc, acc2 = _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
-                                   mma, mma2, STAGES)
-    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
-    _grouped_store(acc2, c_ptr, route_ptr, r0 + BR_HI, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+    # one row block a program (the launcher's row_slots: every block of max_m); the loop of the
+    # other kernels measured 2% slower here (sixteenth session, masked 64 tok/expert, 256x80)
+    if first < stop:
+        r0 = base + first
+        acc, acc2 = _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0,
+                                       K, mma, mma2, STAGES)
+        _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+        _grouped_store(acc2, c_ptr, route_ptr, r0 + BR_HI, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
@@ -1206,12 +1224,13 @@ def _weight_descs(w, bw: int) -> tuple[TensorDescriptor, TensorDescriptor]:
 
 
 def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bool = False,
-                              warp_specialize: bool = False) -> None:
+                              warp_specialize: bool = False, row_slots: int = 0) -> None:
     """Launch on operands `w4a16_grouped` has validated (N a multiple of 8: TMA row strides).
     Contiguous (``max_m == 0``): a ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked
-    (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``. w: the
-    mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or of
-    `GLUON_RS_TILES` with `regs_a`: the register-A kernel; with `warp_specialize` too, its
+    (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``, and
+    `row_slots` programs an expert for each N tile (`masked_row_slots`; 0: one a row block of
+    max_m). w: the mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or
+    of `GLUON_RS_TILES` with `regs_a`: the register-A kernel; with `warp_specialize` too, its
     `_ws_mainloop` with a producer warp)."""
     bw, br, warps, stages = tile
     rows = a.shape[0]
@@ -1220,14 +1239,47 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     else:
         x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
-    blocks = w.num_experts * triton.cdiv(max_m, br) if max_m else rows // br
+    slots = _slots(max_m, br, row_slots)
+    blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
     extra = {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile)} if regs_a else {}
+    if regs_a and tuple(tile) in GROUPED_MAXNREG:
+        extra["maxnreg"] = GROUPED_MAXNREG[tuple(tile)]
     n_fastest = _n_fastest(br)
     kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
-        x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
+        x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0), slots,
         STAGES=stages, MASKED=bool(max_m), N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
+
+
+#: ptxas register caps of grouped register-A tiles (``maxnreg``). The loop over an expert's row
+#: blocks (`_grouped_rows`) raised ptxas's count of the one-warpgroup tiles from 168 to 209-228.
+#: Capped at 168 (no spill), 64x16 ran 1.02-1.03x uncapped (masked 8 tok/expert, H200,
+#: sixteenth session: 287.7 / 153.7 vs 296.0 / 157.3 us); 64x32 capped spills 8 bytes and ran
+#: the same (339.1 / 190.9 vs 338.5 / 190.7), so it is not capped.
+GROUPED_MAXNREG = {(64, 16, 4, 3): 168}
+
+
+def masked_row_slots(expected_rows: float, max_m: int, rows: int) -> int:
+    """Programs an expert (for each N tile) of the masked kernels with `rows`-row tiles: enough
+    row blocks for `expected_rows` (the heuristic's expected_m times its spread), at most one
+    a row block of max_m. Each program loops over its expert's blocks (`_grouped_rows`), so a
+    count past the expected one is still computed, by fewer programs. Why not one program a
+    row block of max_m: the programs past ``masked_m`` exit at once, but each is still
+    scheduled. H200, sixteenth session (Kimi EP8, max_m 256, interleaved, us, gate_up / down,
+    one program a block of max_m -> this rule, bit-identical): masked 8 tok/expert 294.0 / 197.8
+    -> 287.7 / 153.7, 16 tok 341.5 / 207.7 -> 339.1 / 190.9, 32 tok 413.5 / 241.0 -> 413.0 /
+    239.8. (The split tiles keep one program a block: `w4a16_grouped_split_launch`.)"""
+    return max(1, min(triton.cdiv(max_m, rows), triton.cdiv(math.ceil(expected_rows), rows)))
+
+
+def _slots(max_m: int, rows: int, row_slots: int) -> int:
+    if not max_m:
+        return 1  # contiguous: unused
+    all_blocks = triton.cdiv(max_m, rows)
+    if row_slots < 0 or row_slots > all_blocks:
+        raise ValueError(f"row_slots must be in 0..{all_blocks} (cdiv(max_m={max_m}, {rows})), got {row_slots}")
+    return row_slots or all_blocks
 
 
 #: The grouped register-A tiles whose main loop keeps two accumulators (`_issue_regs_split`).
@@ -1262,16 +1314,17 @@ def _split_rows(br: int) -> tuple[int, int]:
 
 def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
     """`w4a16_grouped_sm90_launch` for a tile of `GLUON_SPLIT_TILES` (masked only: contiguous
-    segments are 128-row aligned, which a 48- to 96-row tile does not divide)."""
+    segments are 128-row aligned, which a 48- to 96-row tile does not divide): one program a
+    row block of max_m (the kernel does not loop over an expert's blocks)."""
     bw, br, warps, stages = tile
     if not max_m:
         raise ValueError(f"the {br}-row split tiles are masked-only (contiguous segments are 128-row aligned)")
     hi, lo = _split_rows(br)
     w_desc, s_desc = _weight_descs(w, bw)
-    blocks = w.num_experts * triton.cdiv(max_m, br)
-    _w4a16_grouped_split_kernel[_grid(blocks, triton.cdiv(w.n, bw), True)](
+    slots = _slots(max_m, br, 0)
+    _w4a16_grouped_split_kernel[_grid(w.num_experts * slots, triton.cdiv(w.n, bw), True)](
         _act_desc(a, w.k, hi), _act_desc(a, w.k, lo), w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
-        STAGES=stages, MASKED=True, N_FASTEST=True, num_warps=warps,
+        slots, STAGES=stages, MASKED=True, N_FASTEST=True, num_warps=warps,
     )
 
 
@@ -1328,8 +1381,8 @@ def compile_configs():
         sig = {
             "x_desc": mangle_type(x_desc),
             **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
-            "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "N_FASTEST": "constexpr",
-            "num_warps": "constexpr",
+            "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
+            "N_FASTEST": "constexpr", "num_warps": "constexpr",
         }
         extra = {"WARP_SPECIALIZE": kind == "_ws", "SPLIT_ACC": _split_acc((bw, br, warps, stages))} if rs else {}
         for masked in (False, True):
@@ -1340,7 +1393,8 @@ def compile_configs():
                 {**sig, **{k: "constexpr" for k in extra}},
                 {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m"),
+                maxnreg=GROUPED_MAXNREG.get((bw, br, warps, stages)) if rs else None,
+                expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m", "row_slots"),
                 # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
                 # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS
                 allowed_ptxas=() if rs else ("C7515",)))
@@ -1349,13 +1403,13 @@ def compile_configs():
         probe = torch.empty(16, 64, dtype=torch.bfloat16)
         sig = {"x_desc": mangle_type(_act_desc(probe, 64, hi)), "x2_desc": mangle_type(_act_desc(probe, 64, lo)),
                **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
-               "stride_cm": "i32", "STAGES": "constexpr", "MASKED": "constexpr", "N_FASTEST": "constexpr",
-               "num_warps": "constexpr"}
+               "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
+               "N_FASTEST": "constexpr", "num_warps": "constexpr"}
         cfgs.append(KernelConfig(
             f"w4a16_masked_sm90_gluon_split[BW={bw},BR={br},w={warps},stages={stages}]", _w4a16_grouped_split_kernel,
             sig, {"STAGES": stages, "MASKED": True, "N_FASTEST": True, "num_warps": warps}, num_warps=warps,
             num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
-            unaligned=("N", "K", "max_m")))
+            unaligned=("N", "K", "max_m", "row_slots")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
              "gluon_rs": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0"),
              "gluon_ws": (_w4a16_indexed_rs_kernel, "wgmma.wait_group.sync.aligned 0")}
