@@ -907,15 +907,20 @@ def _w4a16_grouped_rs_kernel(
     n0 = pid_n * BW
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
-    for rb in range(first, stop, step):
-        r0 = base + rb
-        if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`)
+    if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`); one row block a program
+        # (the launcher's row_slots: every block of max_m): the loop below ran 5% slower here
+        # (sixteenth session, EP32 masked 32 tok/expert, 128x64)
+        if first < stop:
+            r0 = base + first
             acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR,
                                STAGES, False, x_l=mma)  # x_l: any layout, no gather
-        else:
+            _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+    else:
+        for rb in range(first, stop, step):
+            r0 = base + rb
             acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
                                BR, STAGES, False, mma, SPLIT_ACC)
-        _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+            _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
@@ -1228,8 +1233,8 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     """Launch on operands `w4a16_grouped` has validated (N a multiple of 8: TMA row strides).
     Contiguous (``max_m == 0``): a ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked
     (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``, and
-    `row_slots` programs an expert for each N tile (`masked_row_slots`; 0: one a row block of
-    max_m). w: the mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or
+    `row_slots` programs an expert for each N tile (`masked_row_slots`; 0, and always with
+    `warp_specialize`: one a row block of max_m). w: the mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or
     of `GLUON_RS_TILES` with `regs_a`: the register-A kernel; with `warp_specialize` too, its
     `_ws_mainloop` with a producer warp)."""
     bw, br, warps, stages = tile
@@ -1239,7 +1244,7 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     else:
         x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
-    slots = _slots(max_m, br, row_slots)
+    slots = _slots(max_m, br, 0 if warp_specialize else row_slots)  # the warp-specialized kernel does not loop
     blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
     extra = {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile)} if regs_a else {}
@@ -1269,7 +1274,8 @@ def masked_row_slots(expected_rows: float, max_m: int, rows: int) -> int:
     scheduled. H200, sixteenth session (Kimi EP8, max_m 256, interleaved, us, gate_up / down,
     one program a block of max_m -> this rule, bit-identical): masked 8 tok/expert 294.0 / 197.8
     -> 287.7 / 153.7, 16 tok 341.5 / 207.7 -> 339.1 / 190.9, 32 tok 413.5 / 241.0 -> 413.0 /
-    239.8. (The split tiles keep one program a block: `w4a16_grouped_split_launch`.)"""
+    239.8. The split tiles and the warp-specialized kernel keep one program a block (their loop
+    versions ran 2% and 5% slower: `w4a16_grouped_split_launch`, `_w4a16_grouped_rs_kernel`)."""
     return max(1, min(triton.cdiv(max_m, rows), triton.cdiv(math.ceil(expected_rows), rows)))
 
 
