@@ -449,33 +449,23 @@ def _dequant_regs(wring, sring, st, dot_a: gl.constexpr):
 
 
 @gluon.jit
-def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
-    """Step k's eight asynchronous register-A wgmmas, ``[BW, 32] x [32, BR]`` each."""
-    acc = warpgroup_mma(w0, xs.index(s * _GROUPS + 0).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w1, xs.index(s * _GROUPS + 1).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w2, xs.index(s * _GROUPS + 2).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w3, xs.index(s * _GROUPS + 3).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w4, xs.index(s * _GROUPS + 4).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w5, xs.index(s * _GROUPS + 5).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w6, xs.index(s * _GROUPS + 6).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w7, xs.index(s * _GROUPS + 7).permute((1, 0)), acc, is_async=True)
-    return acc
+def _issue_groups(xs, s, acc, acc2, ws, SPLIT: gl.constexpr):
+    """Step k's eight asynchronous register-A wgmmas, ``[BW, 32] x [32, BR]`` each (`ws`: the
+    eight A fragments), into `acc`; with SPLIT the odd groups go to `acc2` instead: two chains
+    of dependent wgmmas a step, which the caller adds once after the loop (`_split_acc` says
+    where that measured faster). Returns (acc, acc2)."""
+    for g in gl.static_range(_GROUPS):
+        if SPLIT and g % 2 == 1:
+            acc2 = warpgroup_mma(ws[g], xs.index(s * _GROUPS + g).permute((1, 0)), acc2, is_async=True)
+        else:
+            acc = warpgroup_mma(ws[g], xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+    return acc, acc2
 
 
 @gluon.jit
-def _issue_regs_split(xs, s, acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7):
-    """`_issue_regs` into two accumulators, the even groups into `acc` and the odd ones into
-    `acc2`: two chains of dependent wgmmas a step instead of one, whose results the caller
-    adds once after the loop (`_split_acc` says where that measured faster)."""
-    acc = warpgroup_mma(w0, xs.index(s * _GROUPS + 0).permute((1, 0)), acc, is_async=True)
-    acc2 = warpgroup_mma(w1, xs.index(s * _GROUPS + 1).permute((1, 0)), acc2, is_async=True)
-    acc = warpgroup_mma(w2, xs.index(s * _GROUPS + 2).permute((1, 0)), acc, is_async=True)
-    acc2 = warpgroup_mma(w3, xs.index(s * _GROUPS + 3).permute((1, 0)), acc2, is_async=True)
-    acc = warpgroup_mma(w4, xs.index(s * _GROUPS + 4).permute((1, 0)), acc, is_async=True)
-    acc2 = warpgroup_mma(w5, xs.index(s * _GROUPS + 5).permute((1, 0)), acc2, is_async=True)
-    acc = warpgroup_mma(w6, xs.index(s * _GROUPS + 6).permute((1, 0)), acc, is_async=True)
-    acc2 = warpgroup_mma(w7, xs.index(s * _GROUPS + 7).permute((1, 0)), acc2, is_async=True)
-    return acc, acc2
+def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
+    """`_issue_groups` into one accumulator."""
+    return _issue_groups(xs, s, acc, acc, (w0, w1, w2, w3, w4, w5, w6, w7), False)[0]
 
 
 @gluon.jit
@@ -603,7 +593,7 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
     through the dequantization, where refilling after the products retire left STAGES - 2
     (one, at three stages: too few bytes in flight to stream HBM at decode). The activations
     of a stage are refilled once step k's products retire (``wait_group 0``, then a barrier).
-    SPLIT_ACC: the odd groups accumulate apart (`_issue_regs_split`), summed after the loop."""
+    SPLIT_ACC: the odd groups accumulate apart (`_issue_groups`), summed after the loop."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     BW: gl.constexpr = w_desc.block_type.shape[0]
     # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
@@ -621,7 +611,7 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
         if not GATHER:
             mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
         if SPLIT_ACC:
-            acc, acc2 = _issue_regs_split(xs, s, acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7)
+            acc, acc2 = _issue_groups(xs, s, acc, acc2, (w0, w1, w2, w3, w4, w5, w6, w7), True)
         else:
             acc = _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7)
         # step kt+1 dequantized into registers while step kt's products run
@@ -645,7 +635,7 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
     if not GATHER:
         mbarrier.wait(xready.index(sl), ((nk - 1) // STAGES) & 1)
     if SPLIT_ACC:
-        acc, acc2 = _issue_regs_split(xs, sl, acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7)
+        acc, acc2 = _issue_groups(xs, sl, acc, acc2, (w0, w1, w2, w3, w4, w5, w6, w7), True)
         acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, w0, w1, w2, w3, w4, w5, w6, w7))[:2]
         acc = acc + acc2
     else:
@@ -1288,7 +1278,7 @@ def _slots(max_m: int, rows: int, row_slots: int) -> int:
     return row_slots or all_blocks
 
 
-#: The grouped register-A tiles whose main loop keeps two accumulators (`_issue_regs_split`).
+#: The grouped register-A tiles whose main loop keeps two accumulators (`_issue_groups`).
 #: H200, sixteenth session (`scripts/probes/split_acc.py`, interleaved, Kimi EP8 masked, us,
 #: gate_up / down): 64x32 at 16 tok/expert 359.0 -> 339.1 / 226.1 -> 209.6 and 364.1 -> 347.0 /
 #: 226.0 -> 209.2 (1.05-1.08x); 64x16 at 8 tok/expert 1.02x, 128x64 at 32-64 1.00x (not split).
