@@ -250,6 +250,10 @@ def test_masked_row_slots():
     assert _slots(256, 16, 0) == 16 and _slots(256, 16, 3) == 3 and _slots(0, 16, 0) == 1
     with pytest.raises(ValueError, match="row_slots"):
         _slots(256, 16, 17)
+    from lowbit.kernels.w4a16_sm90 import w4a16_grouped_sm90_launch
+
+    with pytest.raises(ValueError, match="warp-specialized"):  # refused before anything is built
+        w4a16_grouped_sm90_launch(None, None, None, None, (128, 64, 8, 3), 256, True, warp_specialize=True, row_slots=2)
 
 
 def test_heuristics():

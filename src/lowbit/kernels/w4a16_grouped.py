@@ -330,12 +330,12 @@ def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int =
     why = tma_problem(a, "the activations")
     if why:
         raise ValueError(f"{mode}: engine='gluon' loads through TMA: {why}")
-    slots = masked_row_slots(MASKED_SPREAD * expected_m, max_m, config.block_m) if max_m else 0
     if tile in GLUON_SPLIT_TILES:
         w4a16_grouped_split_launch(a, w, route, out, tile, max_m)
-    else:
-        w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=config.engine == "gluon_ws",
-                                  row_slots=slots)
+        return
+    ws = config.engine == "gluon_ws"  # the split and warp-specialized kernels run one program a row block
+    slots = masked_row_slots(MASKED_SPREAD * expected_m, max_m, config.block_m) if max_m and not ws else 0
+    w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m, regs_a, warp_specialize=ws, row_slots=slots)
 
 
 def masked(

@@ -1223,10 +1223,13 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     """Launch on operands `w4a16_grouped` has validated (N a multiple of 8: TMA row strides).
     Contiguous (``max_m == 0``): a ``bf16 [m, K]``, route = m_indices ``int32 [m]``. Masked
     (``max_m > 0``): a the flat ``bf16 [G * max_m, K]``, route = masked_m ``int32 [G]``, and
-    `row_slots` programs an expert for each N tile (`masked_row_slots`; 0, and always with
-    `warp_specialize`: one a row block of max_m). w: the mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or
-    of `GLUON_RS_TILES` with `regs_a`: the register-A kernel; with `warp_specialize` too, its
+    `row_slots` programs an expert for each N tile (`masked_row_slots`; 0: one a row block of
+    max_m, the only grid of the warp-specialized kernel, which does not loop over row blocks).
+    w: the mode's `W4A16Weight`; out ``bf16 [rows, N]``; tile one of `GLUON_TILES` (or of
+    `GLUON_RS_TILES` with `regs_a`: the register-A kernel; with `warp_specialize` too, its
     `_ws_mainloop` with a producer warp)."""
+    if warp_specialize and row_slots:
+        raise ValueError("the warp-specialized grouped kernel runs one program a row block of max_m: row_slots=0")
     bw, br, warps, stages = tile
     rows = a.shape[0]
     if regs_a:
@@ -1234,7 +1237,7 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     else:
         x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
-    slots = _slots(max_m, br, 0 if warp_specialize else row_slots)  # the warp-specialized kernel does not loop
+    slots = _slots(max_m, br, row_slots)
     blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
     extra = {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile)} if regs_a else {}
