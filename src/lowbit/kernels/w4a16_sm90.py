@@ -1041,18 +1041,37 @@ def _w4a16_indexed_sm90_kernel(
 
 
 @gluon.jit
+def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k, stride_am,
+                      stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
+                      X_LAYOUT: gl.constexpr, num_warps: gl.constexpr):
+    """One routing block's tile on `_rs_mainloop`: the first BR slots at `ids_ptr` (the block's
+    sorted ids) gathered, multiplied and stored."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+    row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
+    acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
+                       mma, BR, STAGES, True, X_LAYOUT)
+    _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
+
+
+@gluon.jit
 def _w4a16_indexed_rs_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
-    WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
+    WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`): the routed rows (row
     ``id // top_k`` of route ``id``) are gathered by cp.async into the same STAGES-deep ring
     as the words, so no register holds them and routing blocks of up to 128 rows fit beside
     two sets of A fragments. Grid, early exits and output rows as `_w4a16_indexed_sm90_kernel`.
     X_LAYOUT: the gather's register layout, one thread a 4- to 16-byte piece of a ``[BR, 32]``
-    box with no replication (`_gather_layout`)."""
+    box with no replication (`_gather_layout`).
+    HALF_TAIL: a block whose routes fill at most half of it (an expert's last block: the
+    routing puts an expert's routes first in its blocks) runs the BR / 2-row tile instead
+    (X_HALF_LAYOUT: its gather layout), so its wgmmas do not multiply the padding
+    (`HALF_TAIL_TILES`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
@@ -1061,17 +1080,26 @@ def _w4a16_indexed_rs_kernel(
     if e < 0:  # a block of another rank's expert (EP)
         return
     n0 = pid_n * BW
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BR, 16])
+    ids_ptr = sorted_ids_ptr + pid_m * BR
     if WARP_SPECIALIZE:  # two-warpgroup tiles; the producer partition gathers the rows (X_LAYOUT: its layout)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BR, 16])
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
                            True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
+        _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT,
+                       num_warps)
+    elif HALF_TAIL:
+        ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        live = gl.sum((gl.load(ids_ptr + gl.arange(0, BR, layout=ids_l)) < num_routes).to(gl.int32), axis=0)
+        if live <= BR // 2:
+            _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
+                              stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps)
+        else:
+            _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
+                              stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps)
     else:
-        row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
-        acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
-                           mma, BR, STAGES, True, X_LAYOUT)
-    _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT,
-                   num_warps)
+        _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
+                          stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps)
 
 
 @gluon.jit
@@ -1327,6 +1355,20 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
     )
 
 
+#: Register-A indexed tiles whose blocks with at most half their slots routed (an expert's last
+#: block) run the half-row tile (`_w4a16_indexed_rs_kernel` HALF_TAIL).
+HALF_TAIL_TILES = ((256, 128, 16, 2),)
+
+
+def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
+    """The register-A indexed kernel's layout and variant constexprs for `tile`."""
+    bw, br, warps, stages = tile
+    half = tuple(tile) in HALF_TAIL_TILES and not warp_specialize
+    return {"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
+            "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
+            "X_HALF_LAYOUT": _gather_layout(br // 2, warps) if half else None}
+
+
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
                               regs_a: bool = False, warp_specialize: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
@@ -1346,9 +1388,7 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
             N_TILES=NLOOP_N_TILES, num_warps=warps)
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
-    extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
-              "WARP_SPECIALIZE": warp_specialize}
-             if regs_a else {})
+    extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
     n_fastest = _n_fastest(br)
     kernel[_grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
@@ -1422,8 +1462,7 @@ def compile_configs():
             "num_warps": "constexpr",
         }
         ws = kind == "gluon_ws"
-        extra = ({"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if ws else warps), "WARP_SPECIALIZE": ws}
-                 if kind != "gluon" else {})
+        extra = _indexed_rs_constexprs((bw, br, warps, stages), ws) if kind != "gluon" else {}
         kernel, ptx = kinds[kind]
         for mul in (False, True):
             cfgs.append(KernelConfig(
