@@ -879,27 +879,44 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
 
 
 @gluon.jit
+def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
+                      STAGES: gl.constexpr, MASKED: gl.constexpr, SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr):
+    """One row block's tile on `_rs_mainloop`: rows ``r0 ..`` (as many as `x_desc`'s box) by TMA,
+    multiplied and stored."""
+    BR: gl.constexpr = x_desc.block_type.shape[1]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+    acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
+                       BR, STAGES, False, mma, SPLIT_ACC)
+    _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+
+
+@gluon.jit
 def _w4a16_grouped_rs_kernel(
-    x_desc, w_desc, s_desc, c_ptr, route_ptr,
+    x_desc, xh_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
-    SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr,
+    SPLIT_ACC: gl.constexpr, HALF_TAIL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
-    and 64 to 128 weight rows a CTA (one or two warpgroups) over one activation tile, so the
-    activation bytes re-read from L2 per FLOP halve at 128 rows. Same grid and routing as
-    `_w4a16_grouped_sm90_kernel`."""
+    and 64 to 256 weight rows a CTA (one, two or four warpgroups) over one activation tile, so
+    the activation bytes re-read from L2 per FLOP fall with the weight rows. Same grid and
+    routing as `_w4a16_grouped_sm90_kernel`.
+    HALF_TAIL: a row block whose second half holds no live row (masked: the expert's count ends
+    in its first half; contiguous: the second half is padding) runs the half-row tile, its
+    activations through `xh_desc` (box of BR / 2 rows), so its wgmmas do not multiply rows
+    that are never stored (`HALF_TAIL_TILES`); `xh_desc` is unused otherwise."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
     e, base, first, stop, step, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR, MASKED)
     n0 = pid_n * BW
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BR, 16])
     if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`); one row block a program
         # (the launcher's row_slots: every block of max_m): the loop below ran 5% slower here
         # (sixteenth session, EP32 masked 32 tok/expert, 128x64)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BR, 16])
         if first < stop:
             r0 = base + first
             acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR,
@@ -908,9 +925,22 @@ def _w4a16_grouped_rs_kernel(
     else:
         for rb in range(first, stop, step):
             r0 = base + rb
-            acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                               BR, STAGES, False, mma, SPLIT_ACC)
-            _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+            if HALF_TAIL:
+                if MASKED:
+                    half = valid - rb <= BR // 2
+                else:
+                    tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+                    tail = gl.load(route_ptr + r0 + BR // 2 + gl.arange(0, BR // 2, layout=tail_l))
+                    half = gl.max(tail, axis=0) < 0
+                if half:
+                    _grouped_rs_block(xh_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                      stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
+                else:
+                    _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                      stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
+            else:
+                _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
 
 
 @gluon.jit
@@ -1068,8 +1098,8 @@ def _w4a16_indexed_rs_kernel(
     two sets of A fragments. Grid, early exits and output rows as `_w4a16_indexed_sm90_kernel`.
     X_LAYOUT: the gather's register layout, one thread a 4- to 16-byte piece of a ``[BR, 32]``
     box with no replication (`_gather_layout`).
-    HALF_TAIL: a block whose routes fill at most half of it (an expert's last block: the
-    routing puts an expert's routes first in its blocks) runs the BR / 2-row tile instead
+    HALF_TAIL: a block whose second half holds no route (an expert's last block, as
+    `moe_align_block_size` puts an expert's routes first) runs the BR / 2-row tile instead
     (X_HALF_LAYOUT: its gather layout), so its wgmmas do not multiply the padding
     (`HALF_TAIL_TILES`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
@@ -1089,9 +1119,9 @@ def _w4a16_indexed_rs_kernel(
         _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT,
                        num_warps)
     elif HALF_TAIL:
-        ids_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        live = gl.sum((gl.load(ids_ptr + gl.arange(0, BR, layout=ids_l)) < num_routes).to(gl.int32), axis=0)
-        if live <= BR // 2:
+        tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        tail = gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l))
+        if gl.min(tail, axis=0) >= num_routes:  # no route in the second half
             _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                               stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps)
         else:
@@ -1262,18 +1292,22 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     rows = a.shape[0]
     if regs_a:
         x_desc = _act_desc(a, w.k, br)
+        half = _half_tail(tile, warp_specialize, "indexed")
+        xh_desc = _act_desc(a, w.k, br // 2) if half else x_desc
     else:
         x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
     slots = _slots(max_m, br, row_slots)
     blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
-    extra = {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile)} if regs_a else {}
+    extra = ({"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile), "HALF_TAIL": half}
+             if regs_a else {})
     if regs_a and tuple(tile) in GROUPED_MAXNREG:
         extra["maxnreg"] = GROUPED_MAXNREG[tuple(tile)]
     n_fastest = _n_fastest(br)
+    descs = (x_desc, xh_desc) if regs_a else (x_desc,)
     kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
-        x_desc, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0), slots,
+        *descs, w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0), slots,
         STAGES=stages, MASKED=bool(max_m), N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
 
@@ -1355,15 +1389,30 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
     )
 
 
-#: Register-A indexed tiles whose blocks with at most half their slots routed (an expert's last
-#: block) run the half-row tile (`_w4a16_indexed_rs_kernel` HALF_TAIL).
-HALF_TAIL_TILES = ((256, 128, 16, 2),)
+#: Register-A tiles whose row blocks with no live row in their second half (an expert's last
+#: block) run the half-row tile in the same program (HALF_TAIL in `_w4a16_grouped_rs_kernel`,
+#: `_w4a16_indexed_rs_kernel`), so the wgmmas skip rows that are never stored. H200, seventeenth
+#: session (`scratch`-level A/B in one process, interleaved, bit-identical, us, Kimi EP8,
+#: gate_up / down):
+#:   indexed 1024 tokens (128-row blocks, ~170 routes an expert) 256x128 1187.7 -> 1086.8 /
+#:   649.4 -> 593.9; TP8 8192 tokens gate_up 1199.5 -> 1103.7; 512 tokens (no tails) 0.99-1.00x;
+#:   masked 32 tok/expert 256x64 408.4 -> 385.9 / 238.7 -> 219.3; masked 16 64x32 334.0 -> 313.2
+#:   / 189.6 -> 182.5.
+#: Not kept: the indexed 64x32 tile (100-150 tokens, 0.91-0.98x: the second main loop took
+#: ptxas from 4 CTAs an SM to 3) and the indexed 256x64 (256 tokens: 43 routes an expert,
+#: no half tails; 0.99-1.01x).
+HALF_TAIL_TILES = {"grouped": ((256, 128, 16, 2), (256, 64, 16, 3), (64, 32, 4, 4)),
+                   "indexed": ((256, 128, 16, 2),)}
+
+
+def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
+    return tuple(tile) in HALF_TAIL_TILES[family] and not warp_specialize
 
 
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     """The register-A indexed kernel's layout and variant constexprs for `tile`."""
     bw, br, warps, stages = tile
-    half = tuple(tile) in HALF_TAIL_TILES and not warp_specialize
+    half = _half_tail(tile, warp_specialize, "indexed")
     return {"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
             "X_HALF_LAYOUT": _gather_layout(br // 2, warps) if half else None}
@@ -1419,11 +1468,14 @@ def compile_configs():
         x_desc = _act_desc(probe, 64, br) if rs else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br))
         sig = {
             "x_desc": mangle_type(x_desc),
+            **({"xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if _half_tail((bw, br, warps, stages), kind == "_ws", "grouped")
+                                                  else br))} if rs else {}),
             **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
             "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
             "N_FASTEST": "constexpr", "num_warps": "constexpr",
         }
-        extra = {"WARP_SPECIALIZE": kind == "_ws", "SPLIT_ACC": _split_acc((bw, br, warps, stages))} if rs else {}
+        extra = ({"WARP_SPECIALIZE": kind == "_ws", "SPLIT_ACC": _split_acc((bw, br, warps, stages)),
+                  "HALF_TAIL": _half_tail((bw, br, warps, stages), kind == "_ws", "grouped")} if rs else {})
         for masked in (False, True):
             cfgs.append(KernelConfig(
                 f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{kind}"
