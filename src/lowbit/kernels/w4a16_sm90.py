@@ -1290,18 +1290,16 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
         raise ValueError("the warp-specialized grouped kernel runs one program a row block of max_m: row_slots=0")
     bw, br, warps, stages = tile
     rows = a.shape[0]
+    extra = _grouped_rs_constexprs(tile, warp_specialize) if regs_a else {}
     if regs_a:
         x_desc = _act_desc(a, w.k, br)
-        half = _half_tail(tile, warp_specialize, "indexed")
-        xh_desc = _act_desc(a, w.k, br // 2) if half else x_desc
+        xh_desc = _act_desc(a, w.k, br // 2) if extra["HALF_TAIL"] else x_desc
     else:
         x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
     w_desc, s_desc = _weight_descs(w, bw)
     slots = _slots(max_m, br, row_slots)
     blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
-    extra = ({"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile), "HALF_TAIL": half}
-             if regs_a else {})
     if regs_a and tuple(tile) in GROUPED_MAXNREG:
         extra["maxnreg"] = GROUPED_MAXNREG[tuple(tile)]
     n_fastest = _n_fastest(br)
@@ -1409,6 +1407,12 @@ def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
     return tuple(tile) in HALF_TAIL_TILES[family] and not warp_specialize
 
 
+def _grouped_rs_constexprs(tile, warp_specialize: bool) -> dict:
+    """The register-A grouped kernel's variant constexprs for `tile` (launcher and compile tier)."""
+    return {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile),
+            "HALF_TAIL": _half_tail(tile, warp_specialize, "grouped")}
+
+
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     """The register-A indexed kernel's layout and variant constexprs for `tile`."""
     bw, br, warps, stages = tile
@@ -1466,16 +1470,14 @@ def compile_configs():
         rs = kind != ""
         probe = torch.empty(16, 64, dtype=torch.bfloat16)
         x_desc = _act_desc(probe, 64, br) if rs else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br))
+        extra = _grouped_rs_constexprs((bw, br, warps, stages), kind == "_ws") if rs else {}
         sig = {
             "x_desc": mangle_type(x_desc),
-            **({"xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if _half_tail((bw, br, warps, stages), kind == "_ws", "grouped")
-                                                  else br))} if rs else {}),
+            **({"xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if extra["HALF_TAIL"] else br))} if rs else {}),
             **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
             "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
             "N_FASTEST": "constexpr", "num_warps": "constexpr",
         }
-        extra = ({"WARP_SPECIALIZE": kind == "_ws", "SPLIT_ACC": _split_acc((bw, br, warps, stages)),
-                  "HALF_TAIL": _half_tail((bw, br, warps, stages), kind == "_ws", "grouped")} if rs else {})
         for masked in (False, True):
             cfgs.append(KernelConfig(
                 f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{kind}"
