@@ -903,12 +903,13 @@ def _w4a16_grouped_rs_kernel(
     and 64 to 256 weight rows a CTA (one, two or four warpgroups) over one activation tile, so
     the activation bytes re-read from L2 per FLOP fall with the weight rows. Same grid and
     routing as `_w4a16_grouped_sm90_kernel`.
-    HALF_TAIL: a row block whose second half holds no live row (masked: the expert's count ends
-    in its first half; contiguous: the second half is padding) runs the half-row tile, its
-    activations through `xh_desc` (box of BR / 2 rows), so its wgmmas do not multiply rows
-    that are never stored (`HALF_TAIL_TILES`); `xh_desc` is unused otherwise."""
+    HALF_TAIL (masked): a row block whose second half holds no live row (the expert's count ends
+    in its first half) runs the half-row tile, its activations through `xh_desc` (box of BR / 2
+    rows), so its wgmmas do not multiply rows that are never stored (`HALF_TAIL_TILES`);
+    `xh_desc` is unused otherwise."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
+    gl.static_assert(MASKED or not HALF_TAIL, "HALF_TAIL: masked layout only")
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
     e, base, first, stop, step, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR, MASKED)
     n0 = pid_n * BW
@@ -926,13 +927,7 @@ def _w4a16_grouped_rs_kernel(
         for rb in range(first, stop, step):
             r0 = base + rb
             if HALF_TAIL:
-                if MASKED:
-                    half = valid - rb <= BR // 2
-                else:
-                    tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-                    tail = gl.load(route_ptr + r0 + BR // 2 + gl.arange(0, BR // 2, layout=tail_l))
-                    half = gl.max(tail, axis=0) < 0
-                if half:
+                if valid - rb <= BR // 2:
                     _grouped_rs_block(xh_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
                                       stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
                 else:
@@ -1290,7 +1285,7 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
         raise ValueError("the warp-specialized grouped kernel runs one program a row block of max_m: row_slots=0")
     bw, br, warps, stages = tile
     rows = a.shape[0]
-    extra = _grouped_rs_constexprs(tile, warp_specialize) if regs_a else {}
+    extra = _grouped_rs_constexprs(tile, warp_specialize, bool(max_m)) if regs_a else {}
     if regs_a:
         x_desc = _act_desc(a, w.k, br)
         xh_desc = _act_desc(a, w.k, br // 2) if extra["HALF_TAIL"] else x_desc
@@ -1390,27 +1385,28 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
 #: Register-A tiles whose row blocks with no live row in their second half (an expert's last
 #: block) run the half-row tile in the same program (HALF_TAIL in `_w4a16_grouped_rs_kernel`,
 #: `_w4a16_indexed_rs_kernel`), so the wgmmas skip rows that are never stored. H200, seventeenth
-#: session (`scratch`-level A/B in one process, interleaved, bit-identical, us, Kimi EP8,
-#: gate_up / down):
+#: session (`scripts/probes/half_tail.py`: old and new kernel in one process, interleaved,
+#: bit-identical, us, Kimi EP8, gate_up / down):
 #:   indexed 1024 tokens (128-row blocks, ~170 routes an expert) 256x128 1187.7 -> 1086.8 /
 #:   649.4 -> 593.9; TP8 8192 tokens gate_up 1199.5 -> 1103.7; 512 tokens (no tails) 0.99-1.00x;
-#:   masked 32 tok/expert 256x64 408.4 -> 385.9 / 238.7 -> 219.3; masked 16 64x32 334.0 -> 313.2
-#:   / 189.6 -> 182.5.
+#:   masked 32 tok/expert 256x64 405.8 -> 383.4 / 239.2 -> 218.2; masked 16 64x32 328.3 ->
+#:   304.9 / 190.0 -> 182.0.
 #: Not kept: the indexed 64x32 tile (100-150 tokens, 0.91-0.98x: the second main loop took
-#: ptxas from 4 CTAs an SM to 3) and the indexed 256x64 (256 tokens: 43 routes an expert,
-#: no half tails; 0.99-1.01x).
-HALF_TAIL_TILES = {"grouped": ((256, 128, 16, 2), (256, 64, 16, 3), (64, 32, 4, 4)),
-                   "indexed": ((256, 128, 16, 2),)}
+#: ptxas from 4 CTAs an SM to 3); the indexed 256x64 (256 tokens: 43 routes an expert, no half
+#: tails; 0.99-1.01x); contiguous 256x128 (segments of 0.7-1.3 x 128 rows padded to 128:
+#: 1.02-1.06x, but exact 128-row segments, the bench's, 0.97-0.99x: the check costs where no
+#: block has a half tail).
+HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4)), "indexed": ((256, 128, 16, 2),)}
 
 
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
     return tuple(tile) in HALF_TAIL_TILES[family] and not warp_specialize
 
 
-def _grouped_rs_constexprs(tile, warp_specialize: bool) -> dict:
+def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
     """The register-A grouped kernel's variant constexprs for `tile` (launcher and compile tier)."""
     return {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile),
-            "HALF_TAIL": _half_tail(tile, warp_specialize, "grouped")}
+            "HALF_TAIL": masked and _half_tail(tile, warp_specialize, "masked")}
 
 
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
@@ -1470,20 +1466,19 @@ def compile_configs():
         rs = kind != ""
         probe = torch.empty(16, 64, dtype=torch.bfloat16)
         x_desc = _act_desc(probe, 64, br) if rs else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br))
-        extra = _grouped_rs_constexprs((bw, br, warps, stages), kind == "_ws") if rs else {}
-        sig = {
-            "x_desc": mangle_type(x_desc),
-            **({"xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if extra["HALF_TAIL"] else br))} if rs else {}),
-            **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
-            "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
-            "N_FASTEST": "constexpr", "num_warps": "constexpr",
-        }
         for masked in (False, True):
+            extra = _grouped_rs_constexprs((bw, br, warps, stages), kind == "_ws", masked) if rs else {}
+            sig = {
+                "x_desc": mangle_type(x_desc),
+                **({"xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if extra["HALF_TAIL"] else br))} if rs else {}),
+                **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
+                "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
+                "N_FASTEST": "constexpr", "num_warps": "constexpr", **{k: "constexpr" for k in extra},
+            }
             cfgs.append(KernelConfig(
                 f"w4a16_{'masked' if masked else 'contiguous'}_sm90_gluon{kind}"
                 f"[BW={bw},BR={br},w={warps},stages={stages}]",
-                _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel,
-                {**sig, **{k: "constexpr" for k in extra}},
+                _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel, sig,
                 {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 maxnreg=GROUPED_MAXNREG.get((bw, br, warps, stages)) if rs else None,
