@@ -127,7 +127,9 @@ def test_masked_split_tiles_match_reference(tile, gen):
     """The masked tiles whose rows are not a power of two
     (`w4a16_sm90.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows): max_m = 200
     is not a multiple of the tile (a tile crosses into the next slab), counts 0, max_m, a few rows,
-    one row past a tile and one above max_m; K off the 256-wide step; N off the weight tile."""
+    one row past a tile and one above max_m (blocks on both accumulators, and blocks whose rows end
+    in the first part, run alone: `SPLIT_HI_TAIL_TILES`); K off the 256-wide step; N off the weight
+    tile."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the split tiles are sm_90 kernels")
     from lowbit.kernels.w4a16_sm90 import w4a16_grouped_split_launch

@@ -2,14 +2,16 @@
 not a benchmark).
 
     git show REV:src/lowbit/kernels/w4a16_sm90.py > scratch/old.py
-    python scripts/probes/half_tail.py scratch/old.py [indexed] [masked] [contiguous]
+    python scripts/probes/half_tail.py scratch/old.py [indexed] [masked] [split] [contiguous]
 
 Both versions in one process on identical inputs, interleaved CUDA-graph replays
 (`measure_interleaved`), L2 flushed; outputs compared bit for bit (on the valid rows for the
 grouped layouts). Kimi EP8 shapes: indexed 1024 tokens (128-row blocks, ~170 routes an expert:
 a full block and a half tail each) and TP8 8192 tokens, 256 tokens on 256x64, 70-150 tokens on
 64x32 (32-row blocks); masked 16 / 32 tok/expert (counts 0.7-1.3x); contiguous segments of
-exactly 128 rows (no tails) and of 0.7-1.3 x 128 / 256 rows padded to 128.
+exactly 128 rows (no tails) and of 0.7-1.3 x 128 / 256 rows padded to 128; `split`: the masked
+split tiles at 64 tok/expert (`SPLIT_HI_TAIL_TILES`: a block whose rows end in its first 64 runs
+the 64-row tile alone).
 """
 import sys
 
@@ -29,7 +31,7 @@ mods = {"old": old, "new": new}
 gen = torch.Generator(device="cuda").manual_seed(17)
 H, I, E = 7168, 2048, 48
 PROJ = (("gate_up", 2 * I, H, 8), ("down", H, I, 1))
-which = sys.argv[2:] or ["indexed", "masked", "contiguous"]
+which = sys.argv[2:] or ["indexed", "masked", "split", "contiguous"]
 
 
 def report(label, outs, t, fl, valid=None):
@@ -67,6 +69,18 @@ if "masked" in which:
             fns = {v: (lambda m=m, o=outs[v]: m.w4a16_grouped_sm90_launch(a, w, counts, o, tile, 256, regs_a=True,
                        row_slots=m.masked_row_slots(1.3 * tok, 256, tile[1]))) for v, m in mods.items()}
             report(f"masked {tok} {proj} {tile[0]}x{tile[1]}", outs, measure_interleaved(fns),
+                   2 * int(counts.sum()) * n * kk, valid)
+if "split" in which:
+    for tok, tile in ((64, (256, 96, 16, 2)), (64, (256, 80, 16, 2))):
+        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+        for proj, n, kk, _ in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in mods}
+            fns = {v: (lambda m=m, o=outs[v]: m.w4a16_grouped_split_launch(a, w, counts, o, tile, 256))
+                   for v, m in mods.items()}
+            report(f"masked {tok} split {proj} {tile[0]}x{tile[1]}", outs, measure_interleaved(fns),
                    2 * int(counts.sum()) * n * kk, valid)
 if "contiguous" in which:
     for rows, E, exact in ((128, 48, True), (128, 12, True), (128, 48, False), (256, 48, False)):

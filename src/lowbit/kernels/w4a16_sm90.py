@@ -942,12 +942,16 @@ def _w4a16_grouped_rs_kernel(
 def _w4a16_grouped_split_kernel(
     x_desc, x2_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm, row_slots,
-    STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, HI_TAIL: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """`_w4a16_grouped_rs_kernel` on a row tile BR_HI + BR_LO that is not a power of two (the
     four-warpgroup main loop `_rs_split_mainloop`): an expert of masked 32 tok/expert (22-42
     rows) fits one 48-row tile instead of padding to 64; one of 64 tok/expert (45-83) one 80-row
-    tile instead of two 64-row ones."""
+    tile instead of two 64-row ones.
+    HI_TAIL: a block whose rows end within its first BR_HI runs the BR_HI-row tile alone
+    (`_rs_mainloop`, one accumulator: no BR_LO wgmmas over rows that are never stored;
+    `SPLIT_HI_TAIL_TILES`)."""
     BR_HI: gl.constexpr = x_desc.block_type.shape[1]
     BR_LO: gl.constexpr = x2_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
@@ -962,10 +966,14 @@ def _w4a16_grouped_split_kernel(
     # other kernels measured 2% slower here (sixteenth session, masked 64 tok/expert, 256x80)
     if first < stop:
         r0 = base + first
-        acc, acc2 = _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0,
-                                       K, mma, mma2, STAGES)
-        _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
-        _grouped_store(acc2, c_ptr, route_ptr, r0 + BR_HI, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+        if HI_TAIL and valid - first <= BR_HI:
+            _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
+                              STAGES, MASKED, False, num_warps)
+        else:
+            acc, acc2 = _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8,
+                                           n0, K, mma, mma2, STAGES)
+            _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+            _grouped_store(acc2, c_ptr, route_ptr, r0 + BR_HI, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
 @gluon.jit
@@ -1366,6 +1374,11 @@ def _split_rows(br: int) -> tuple[int, int]:
     return hi, lo
 
 
+#: Split tiles whose blocks with rows only in the first BR_HI run the BR_HI-row tile alone
+#: (HI_TAIL in `_w4a16_grouped_split_kernel`).
+SPLIT_HI_TAIL_TILES = ((256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2))
+
+
 def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
     """`w4a16_grouped_sm90_launch` for a tile of `GLUON_SPLIT_TILES` (masked only: contiguous
     segments are 128-row aligned, which a 48- to 96-row tile does not divide): one program a
@@ -1378,7 +1391,7 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
     slots = _slots(max_m, br, 0)
     _w4a16_grouped_split_kernel[_grid(w.num_experts * slots, triton.cdiv(w.n, bw), True)](
         _act_desc(a, w.k, hi), _act_desc(a, w.k, lo), w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
-        slots, STAGES=stages, MASKED=True, N_FASTEST=True, num_warps=warps,
+        slots, STAGES=stages, MASKED=True, N_FASTEST=True, HI_TAIL=tuple(tile) in SPLIT_HI_TAIL_TILES, num_warps=warps,
     )
 
 
@@ -1492,10 +1505,11 @@ def compile_configs():
         sig = {"x_desc": mangle_type(_act_desc(probe, 64, hi)), "x2_desc": mangle_type(_act_desc(probe, 64, lo)),
                **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
                "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
-               "N_FASTEST": "constexpr", "num_warps": "constexpr"}
+               "N_FASTEST": "constexpr", "HI_TAIL": "constexpr", "num_warps": "constexpr"}
         cfgs.append(KernelConfig(
             f"w4a16_masked_sm90_gluon_split[BW={bw},BR={br},w={warps},stages={stages}]", _w4a16_grouped_split_kernel,
-            sig, {"STAGES": stages, "MASKED": True, "N_FASTEST": True, "num_warps": warps}, num_warps=warps,
+            sig, {"STAGES": stages, "MASKED": True, "N_FASTEST": True,
+                  "HI_TAIL": (bw, br, warps, stages) in SPLIT_HI_TAIL_TILES, "num_warps": warps}, num_warps=warps,
             num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
             unaligned=("N", "K", "max_m", "row_slots")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
