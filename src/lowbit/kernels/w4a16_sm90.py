@@ -1375,7 +1375,10 @@ def _split_rows(br: int) -> tuple[int, int]:
 
 
 #: Split tiles whose blocks with rows only in the first BR_HI run the BR_HI-row tile alone
-#: (HI_TAIL in `_w4a16_grouped_split_kernel`).
+#: (HI_TAIL in `_w4a16_grouped_split_kernel`). H200, seventeenth session (`scripts/probes/half_tail.py
+#: split`, one process, interleaved, bit-identical, Kimi EP8 masked 64 tok/expert, us, gate_up /
+#: down): 256x96 524.8 -> 467.9 / 301.9 -> 263.5 (1.12x / 1.15x), 256x80 581.3 -> 493.4 / 296.7 ->
+#: 267.1 (1.18x / 1.11x).
 SPLIT_HI_TAIL_TILES = ((256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2))
 
 
