@@ -58,30 +58,31 @@ if "indexed" in which:
             fns = {v: (lambda m=m, o=outs[v]: m.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids,
                        r.num_tokens_post_padded, top_k, None, o, tile, True, False)) for v, m in mods.items()}
             report(f"indexed t{t_tok} {proj} {tile[0]}x{tile[1]}", outs, measure_interleaved(fns), 2 * t_tok * 8 * n * kk)
+def masked_ab(tok: int, tile, split: bool) -> None:
+    """Masked, counts tok x 0.7-1.3, max_m 256: the register-A kernel or (split) a split tile."""
+    counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+    valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+    for proj, n, kk, _ in PROJ:
+        w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+        a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
+        outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in mods}
+
+        def launch(m, o):
+            if split:
+                return lambda: m.w4a16_grouped_split_launch(a, w, counts, o, tile, 256)
+            return lambda: m.w4a16_grouped_sm90_launch(a, w, counts, o, tile, 256, regs_a=True,
+                                                       row_slots=m.masked_row_slots(1.3 * tok, 256, tile[1]))
+        fns = {v: launch(m, outs[v]) for v, m in mods.items()}
+        report(f"masked {tok}{' split' if split else ''} {proj} {tile[0]}x{tile[1]}", outs, measure_interleaved(fns),
+               2 * int(counts.sum()) * n * kk, valid)
+
+
 if "masked" in which:
     for tok, tile in ((16, (64, 32, 4, 4)), (32, (256, 64, 16, 3))):
-        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
-        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
-        for proj, n, kk, _ in PROJ:
-            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
-            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in mods}
-            fns = {v: (lambda m=m, o=outs[v]: m.w4a16_grouped_sm90_launch(a, w, counts, o, tile, 256, regs_a=True,
-                       row_slots=m.masked_row_slots(1.3 * tok, 256, tile[1]))) for v, m in mods.items()}
-            report(f"masked {tok} {proj} {tile[0]}x{tile[1]}", outs, measure_interleaved(fns),
-                   2 * int(counts.sum()) * n * kk, valid)
+        masked_ab(tok, tile, False)
 if "split" in which:
     for tok, tile in ((64, (256, 96, 16, 2)), (64, (256, 80, 16, 2))):
-        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
-        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
-        for proj, n, kk, _ in PROJ:
-            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
-            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in mods}
-            fns = {v: (lambda m=m, o=outs[v]: m.w4a16_grouped_split_launch(a, w, counts, o, tile, 256))
-                   for v, m in mods.items()}
-            report(f"masked {tok} split {proj} {tile[0]}x{tile[1]}", outs, measure_interleaved(fns),
-                   2 * int(counts.sum()) * n * kk, valid)
+        masked_ab(tok, tile, True)
 if "contiguous" in which:
     for rows, E, exact in ((128, 48, True), (128, 12, True), (128, 48, False), (256, 48, False)):
         counts = torch.full((E,), rows).int() if exact else (rows * (0.7 + 0.6 * torch.rand(E))).round().int()
