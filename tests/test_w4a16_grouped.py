@@ -372,6 +372,26 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     assert (t.engine, t.block_m) == ("triton", 64), t
 
 
+def test_tail_tiles_are_offered_and_reported():
+    """The half-row tail tables name tiles their kernels are built for, the warp-specialized
+    engine and contiguous segments have none, and the heuristics' reason says when a tail runs
+    (masked 16 / 32 / 64 tok/expert on Kimi EP8, the split tile at 64)."""
+    from lowbit.kernels import w4a16_sm90 as sm90
+
+    assert set(sm90.HALF_TAIL_TILES["masked"]) <= set(sm90.GLUON_RS_TILES)
+    assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES)
+    assert set(sm90.SPLIT_HI_TAIL_TILES) <= set(sm90.GLUON_SPLIT_TILES)
+    assert sm90.tail_rows((256, 64, 16, 3), "gluon_rs", "masked") == 32
+    assert sm90.tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64
+    assert sm90.tail_rows((256, 128, 16, 2), "gluon_rs", "contiguous") == 0
+    assert sm90.tail_rows((256, 128, 16, 2), "gluon_ws", "indexed") == 0
+    for em, rows, tail in ((16, 32, 16), (32, 64, 32), (64, 96, 64)):
+        c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
+        assert c.block_m == rows and f"runs the {tail}-row tile" in c.reason, c
+    c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True)
+    assert "-row tile (H200 masked" not in c.reason, c
+
+
 def test_gluon_capable_needs_hopper():
     """Off an sm_90 GPU (the CPU tier, the interpreter) the Gluon engines are never chosen."""
     from lowbit.kernels import w4a16_grouped, w4a16_indexed

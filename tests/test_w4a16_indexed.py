@@ -331,7 +331,8 @@ def test_gluon_default_for_decode(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, N % 8 == 0, aligned rows) the register-A Gluon kernel is
     the default at every tok_e (it measured faster everywhere): the 16-row routing block up to
     tok_e 10, the 32-row block (64x32 tile) up to 32, the 64-row block from there, the 128-row
-    block from tok_e 85. A one-step K (TP8 down) runs the block's N-loop tile. A routing block
+    block from tok_e 85 (its half-empty blocks on the 64-row tile, said in the reason). A
+    one-step K (TP8 down) runs the block's N-loop tile. A routing block
     fixed by the caller stays; 128-row blocks exist only on the Gluon kernel; an engine override
     wins."""
     for routes in (8, 32, 160, 400):  # EP8 1 / 4 / 20 / 50 tokens
@@ -350,8 +351,10 @@ def test_gluon_default_for_decode(monkeypatch):
     assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
     c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 64, 256, 16), c  # prefill: four warpgroups
+    assert "-row tile (H200 EP8 1024" not in c.reason, c  # no half-row tail on the 64-row block
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
+    assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
     assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile

@@ -257,7 +257,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import NLOOP_N_TILES, runs_nloop
+    from .w4a16_sm90 import NLOOP_N_TILES, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -266,10 +266,16 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
         tiles = tuple(t for t in tiles if runs_nloop(t, k)) + tiles
     bw, _, warps, stages = pick_gluon_tile(tiles, cfg.block_m, cfg, env)
 
-    nloop = (f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
-             if engine in REGISTER_A_ENGINES and runs_nloop((bw, cfg.block_m, warps, stages), k) else "")
+    tile = (bw, cfg.block_m, warps, stages)
+    if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
+        variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
+    elif tail_rows(tile, engine, "indexed"):
+        tail = tail_rows(tile, engine, "indexed")
+        variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 1024 tokens: 1.09x)"
+    else:
+        variant = ""
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
-                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{nloop}")
+                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{variant}")
 
 
 def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None,

@@ -84,7 +84,7 @@ from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
 __all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
-           "split_tile_rows", "wide_tile_pays", "masked_row_slots",
+           "split_tile_rows", "tail_rows", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -1417,6 +1417,19 @@ HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4)), "indexed": ((25
 
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
     return tuple(tile) in HALF_TAIL_TILES[family] and not warp_specialize
+
+
+def tail_rows(tile, engine: str, family: str) -> int:
+    """The rows of the smaller tile that a block of `tile` whose live rows end early runs instead
+    (`HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`), 0 if none: what the heuristics' reasons report.
+    `engine`: the Gluon engine (the warp-specialized one has no tails); `family`: "masked",
+    "contiguous" or "indexed"."""
+    tile = tuple(tile)
+    if engine != "gluon_rs":
+        return 0
+    if family == "masked" and tile in SPLIT_HI_TAIL_TILES:
+        return _split_rows(tile[1])[0]
+    return tile[1] // 2 if tile in HALF_TAIL_TILES.get(family, ()) else 0
 
 
 def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
