@@ -43,6 +43,11 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   accumulator leaves no room for a step's fragments twice, so a step is dequantized one group
   at a time under the previous group's wgmma. The prefill default where the grid has two waves
   of programs (H200, eighth session: 1.03-1.19x the warp-specialized 128-row tiles).
+- **Half-row tails** (`HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`): a row block whose live rows end
+  in its first half (an expert's last block) runs a second copy of the main loop compiled for
+  half the rows (the split tiles: for their power-of-two part), in the same program and the
+  same shared memory, so the wgmmas skip rows that are never stored. Where the tensor cores
+  bound the tile (128-row blocks, masked) that is 1.04-1.18x (H200, seventeenth session).
 - **N loop** (`_w4a16_indexed_nloop_kernel`, indexed, K of one 256-wide step: Kimi TP8 down):
   one program gathers its routed rows once and runs eight weight tiles over them, the next
   tiles' words in the TMA ring, each tile stored as it retires.
