@@ -2,7 +2,7 @@
 not a benchmark).
 
     git show REV:src/lowbit/kernels/w4a16_sm90.py > scratch/old.py
-    python scripts/probes/half_tail.py scratch/old.py [indexed] [masked] [split] [contiguous]
+    python scripts/probes/half_tail.py scratch/old.py [indexed] [masked] [split] [choice] [contiguous]
 
 Both versions in one process on identical inputs, interleaved CUDA-graph replays
 (`measure_interleaved`), L2 flushed; outputs compared bit for bit (on the valid rows for the
@@ -11,7 +11,9 @@ a full block and a half tail each) and TP8 8192 tokens, 256 tokens on 256x64, 70
 64x32 (32-row blocks); masked 16 / 32 tok/expert (counts 0.7-1.3x); contiguous segments of
 exactly 128 rows (no tails) and of 0.7-1.3 x 128 / 256 rows padded to 128; `split`: the masked
 split tiles at 64 tok/expert (`SPLIT_HI_TAIL_TILES`: a block whose rows end in its first 64 runs
-the 64-row tile alone).
+the 64-row tile alone); `choice` (current module only, OLD_FILE unused but required): masked 64
+tok/expert on the split 96 tile against 256x128 with a 64-row half tail (written in the
+seventeenth session after its device time ran out: not yet run).
 """
 import sys
 
@@ -83,6 +85,29 @@ if "masked" in which:
 if "split" in which:
     for tok, tile in ((64, (256, 96, 16, 2)), (64, (256, 80, 16, 2))):
         masked_ab(tok, tile, True)
+if "choice" in which:
+    # masked 64 tok/expert (45-83 rows): the split 96 tile (its 64-row tail on) against the 256x128
+    # tile with a 64-row half tail (not in `HALF_TAIL_TILES`: switched on around the launch, which
+    # the graph capture records); outputs compared on the valid rows
+    counts = (64 * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+    valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+
+    def wide_with_tail(a, w, o):
+        saved = new.HALF_TAIL_TILES
+        new.HALF_TAIL_TILES = {**saved, "masked": saved["masked"] + ((256, 128, 16, 2),)}
+        try:
+            new.w4a16_grouped_sm90_launch(a, w, counts, o, (256, 128, 16, 2), 256, regs_a=True,
+                                          row_slots=new.masked_row_slots(1.3 * 64, 256, 128))
+        finally:
+            new.HALF_TAIL_TILES = saved
+    for proj, n, kk, _ in PROJ:
+        w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+        a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
+        outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in ("old", "new")}
+        fns = {"old": lambda o=outs["old"]: new.w4a16_grouped_split_launch(a, w, counts, o, (256, 96, 16, 2), 256),
+               "new": lambda o=outs["new"]: wide_with_tail(a, w, o)}
+        report(f"masked 64 {proj} split96 -> 256x128+tail", outs, measure_interleaved(fns),
+               2 * int(counts.sum()) * n * kk, valid)
 if "contiguous" in which:
     for rows, E, exact in ((128, 48, True), (128, 12, True), (128, 48, False), (256, 48, False)):
         counts = torch.full((E,), rows).int() if exact else (rows * (0.7 + 0.6 * torch.rand(E))).round().int()
