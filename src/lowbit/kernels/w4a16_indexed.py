@@ -269,8 +269,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
     tile = (bw, cfg.block_m, warps, stages)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
         variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
-    elif tail_rows(tile, engine, "indexed"):
-        tail = tail_rows(tile, engine, "indexed")
+    elif tail := tail_rows(tile, engine, "indexed"):
         variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 1024 tokens: 1.09x)"
     else:
         variant = ""

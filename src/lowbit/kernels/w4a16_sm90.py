@@ -931,13 +931,9 @@ def _w4a16_grouped_rs_kernel(
     else:
         for rb in range(first, stop, step):
             r0 = base + rb
-            if HALF_TAIL:
-                if valid - rb <= BR // 2:
-                    _grouped_rs_block(xh_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
-                                      stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
-                else:
-                    _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
-                                      stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
+            if HALF_TAIL and valid - rb <= BR // 2:
+                _grouped_rs_block(xh_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
             else:
                 _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
                                   stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
