@@ -351,7 +351,8 @@ def test_gluon_default_for_decode(monkeypatch):
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 64, 4), c
     assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
     c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)
-    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 64, 256, 16), c  # prefill: four warpgroups
+    # prefill: four warpgroups, warp-specialized (`_WIDE_WS_BLOCKS`)
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 256, 16), c
     assert "-row tile (H200 EP8 1024" not in c.reason, c  # no half-row tail on the 64-row block
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
@@ -359,7 +360,11 @@ def test_gluon_default_for_decode(monkeypatch):
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
     assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile
-    assert w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True).engine == "gluon_rs"
+    assert w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True).engine == "gluon_ws"
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "128")  # the override still picks the two-warpgroup tile
+    c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 128, 8), c
+    monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     assert w4a16_indexed_config(2048, 48, 4096, 7168, block_m=16, gluon=True).engine == "triton"
     with pytest.raises(ValueError, match="block_m=128"):
         w4a16_indexed_config(8192, 48, 4096, 7168, block_m=128)

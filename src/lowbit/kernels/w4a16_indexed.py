@@ -165,7 +165,8 @@ _GLUON_BLOCKS = (
     (32, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
              "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; TP8 tok_e 21 gate_up 64x32 1.15x 128x32)"),
     (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
-             "Triton 1196 with 128 weight rows; 256 weight rows 1.09-1.10x that)"),
+             "Triton 1196 with 128 weight rows; 256 weight rows 1.09-1.10x that, warp-specialized "
+             "1.12x more)"),
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128-row routing block (H200 tok_e 171: EP8 "
                         "2485 us, TP8 3686 vs Triton 3521 / 4963 with 128 weight rows, 64-row block 2576 / 4065; "
                         "256 weight rows 1.10-1.14x that)"),
@@ -183,6 +184,10 @@ _GLUON_BLOCKS = (
 #: kept up only at 256 tokens (780.2; 1024 tokens 2314.3). The 16-row decode block has no
 #: two-warpgroup tile worth running (128x16 with a producer: 0.70-0.73x the 64x16 tile).
 _WS_BLOCKS = (64, 128)
+#: ... and the routing blocks whose four-warpgroup tile runs warp-specialized too (64: 1.12-1.15x
+#: its register-A kernel, eighteenth session; `w4a16_sm90.INDEXED_WS_TILES` has the numbers and
+#: why 128 cannot).
+_WIDE_WS_BLOCKS = (64,)
 
 
 def _gluon_runs(block_m: int, tok_e: float) -> bool:
@@ -232,8 +237,11 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
         wide = k > 256 and wide_tile_pays(blocks, n)
-        cfg = replace(cfg, engine="gluon_ws" if block_m in _WS_BLOCKS and not wide else "gluon_rs")
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k), n)
+        ws = block_m in _WS_BLOCKS and (not wide or block_m in _WIDE_WS_BLOCKS)
+        cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
+    else:
+        wide = False
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide), n)
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -243,11 +251,13 @@ def _engine_tiles(engine: str) -> tuple:
     return {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
 
 
-def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
     ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
-    tile for (64) runs the shared-memory Gluon kernel. The reason says what was chosen."""
+    tile for (64) runs the shared-memory Gluon kernel. `wide`: the heuristics chose the
+    routing block's four-warpgroup tile (256 weight rows), which then comes first. The reason
+    says what was chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
@@ -260,6 +270,8 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int) -> W4A16Config:
     from .w4a16_sm90 import NLOOP_N_TILES, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
+    if wide:  # the four-warpgroup tile of the routing block first (`wide_tile_pays`)
+        tiles = tuple(t for t in tiles if t[0] == 256) + tiles
     if engine in REGISTER_A_ENGINES and k <= 256:
         # one K step: the routing block's N-loop tile first (H200, sixteenth session, TP8 down: 128x16
         # 1.50-1.65x the 64x16 tile at 4-50 tokens; 128x32 2.69x it at 1024)

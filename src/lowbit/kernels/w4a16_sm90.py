@@ -30,7 +30,7 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   1.04-1.36x, indexed decode 1.15-1.49x and prefill 1.38-1.42x; the tile tables below and
   the heuristics carry the numbers).
 - **Warp-specialized register-A** (engine ``gluon_ws``; `_ws_mainloop` under the same two
-  kernels, two-warpgroup tiles only): the same arithmetic, bit-identical, but a producer
+  kernels, two-warpgroup tiles and the indexed 256x64): the same arithmetic, bit-identical, but a producer
   partition issues every load (TMA rows and weights; the indexed kernel's 4-warp producer also
   gathers the routed rows by cp.async, signalled with ``cp.async.mbarrier.arrive.noinc``) as
   soon as the consumers release a stage by mbarrier, so no CTA barrier is left in the loop.
@@ -42,7 +42,8 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   session's 128x128 lost 24% to its activation loads). At 128 registers a thread the
   accumulator leaves no room for a step's fragments twice, so a step is dequantized one group
   at a time under the previous group's wgmma. The prefill default where the grid has two waves
-  of programs (H200, eighth session: 1.03-1.19x the warp-specialized 128-row tiles).
+  of programs (H200, eighth session: 1.03-1.19x the warp-specialized 128-row tiles). The
+  indexed 256x64 runs it warp-specialized (`_ws_groups_partition`, eighteenth session: 1.12-1.15x).
 - **Half-row tails** (`HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`): a row block whose live rows end
   in its first half (an expert's last block) runs a second copy of the main loop compiled for
   half the rows (the split tiles: for their power-of-two part), in the same program and the
@@ -149,8 +150,16 @@ GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 6
 #: 970.5 vs 1163.2 (1.20x); 256 rows/expert 128x128 1599.4 vs 1803.5 (1.13x).
 GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8)
 #: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
-#: register-A tiles, the routed rows gathered by the producer warp's cp.async.
-INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8)
+#: register-A tiles, the routed rows gathered by the producer warp's cp.async; and the
+#: four-warpgroup 256x64 (`_ws_groups_partition`). Its producer makes 20 warps, so ptxas caps every
+#: thread at 96 registers: enough for a 64-row accumulator (no spills, compile tier), not for
+#: 256x128's (C7512: wgmmas serialized, at any producer size: Triton pads a worker to four warps).
+#: H200, eighteenth session (`scripts/probes/ws_wide.py`, one process, interleaved,
+#: bit-identical, us, gate_up / down, Kimi EP8): 256 tokens (43 routes an expert) 437.2 ->
+#: 389.7 / 261.0 -> 232.0 (1.12x); 384 tokens 662.0 -> 577.8 / 364.0 -> 316.2 (1.15x). Not for
+#: the grouped layouts: masked 32 tok/expert 0.94-1.00x the register-A kernel with its half tail,
+#: masked 64 0.83-0.86x the split 96 tile, contiguous 128 rows 0.69-0.70x 256x128.
+INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 16, 3),)
 #: Four-warpgroup masked tiles whose rows are not a power of two (`_w4a16_grouped_split_kernel`,
 #: two accumulators), (weight rows, rows, warps, stages): 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32.
 #: Humming 0.1.20 picks 40-48 and 80-88-row tiles there. H200, thirteenth session
@@ -772,7 +781,19 @@ def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, m
 @gluon.jit
 def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
                       BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
-    """Consumer warpgroups of `_ws_mainloop`: `_rs_mainloop`'s arithmetic (dequantize step k+1
+    """Consumer warpgroups of `_ws_mainloop`: `_ws_groups_partition` for four-warpgroup tiles,
+    `_ws_steps_partition` otherwise (the split `_rs_mainloop` makes). Returns ``(acc,)``."""
+    if BW > 128:
+        res = _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, GATHER)
+    else:
+        res = _ws_steps_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, GATHER)
+    return res
+
+
+@gluon.jit
+def _ws_steps_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
+                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+    """Consumer warpgroups of `_ws_mainloop` (up to two): `_rs_steps_mainloop`'s arithmetic (dequantize step k+1
     while step k's products run), with every stage released by mbarrier instead of refilled by
     these warps: the words and scales once dequantized (Gluon puts a barrier over the
     partition's warps before each arrive), the activations once their wgmmas retire."""
@@ -804,6 +825,41 @@ def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: 
     acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
     return (acc,)  # a partition returns a tuple (Triton 3.6 flattens it)
+
+
+@gluon.jit
+def _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
+                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+    """Consumer warpgroups of `_ws_mainloop` for four-warpgroup tiles: `_rs_groups_mainloop`'s
+    arithmetic (one group dequantized while the previous group's wgmma runs), with the stages
+    released by mbarrier instead of refilled by these warps: the words and scales once the
+    last group is dequantized, the activations once the step's wgmmas retire."""
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    nk = gl.cdiv(K, 256)
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    for kt in range(nk):
+        s = kt % STAGES
+        ph = (kt // STAGES) & 1
+        mbarrier.wait(wready.index(s), ph)
+        scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
+        words = wring.index(s).load(dot_a)
+        mbarrier.wait(xready.index(s), ph)
+        if GATHER:  # cp.async wrote the rows through the generic proxy; wgmma reads through the async one
+            fence_async_shared()
+        prev = _dequant_group_regs(words, scales, 0, rows_l)
+        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+        for g in gl.static_range(1, _GROUPS):
+            w = _dequant_group_regs(words, scales, g, rows_l)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+            prev = w
+        fence_async_shared()  # generic-proxy reads of the stage ordered before the producer's TMA refill
+        mbarrier.arrive(wempty.index(s), count=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+        mbarrier.arrive(xempty.index(s), count=1)
+    return (acc,)
 
 
 @gluon.jit
@@ -1203,8 +1259,9 @@ def _w4a16_indexed_nloop_kernel(
 #: a routing block to spread over the SMs.
 NLOOP_N_TILES = 8
 #: The register-A tiles that run as `_w4a16_indexed_nloop_kernel` when K is one step: the
-#: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier).
-NLOOP_TILES = INDEXED_WS_TILES
+#: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier; so does
+#: the 16-warp 256x64: 256 bytes).
+NLOOP_TILES = tuple(t for t in INDEXED_WS_TILES if t[2] == 8)
 
 
 #: The four-warpgroup (256 weight rows) tiles run one CTA an SM; below two waves of programs
@@ -1557,7 +1614,8 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"w4a16_indexed_sm90_nloop[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
                 _w4a16_indexed_nloop_kernel,
-                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, "X_LAYOUT": "constexpr", "N_TILES": "constexpr"},
+                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, **descs(bw), "X_LAYOUT": "constexpr",
+                 "N_TILES": "constexpr"},
                 {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "X_LAYOUT": _gather_layout(br, warps),
                  "N_TILES": NLOOP_N_TILES, "num_warps": warps},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
