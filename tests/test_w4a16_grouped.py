@@ -103,14 +103,15 @@ def test_contiguous_gluon_engine_matches_reference(shape, engine_tile, gen):
 def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
     """Masked layout through the Gluon kernel: max_m = 80 is not a multiple of the row tile
     (a tile crosses into the next expert's slab, whose rows must not be written), counts 0,
-    max_m, a few rows and a count above max_m (clamped); K off the 256-wide step."""
+    max_m, a few rows, 45 and a count above max_m (clamped); K off the 256-wide step."""
     from dataclasses import replace
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
-    g, n, k, max_m = 4, 136, 544, 80
+    g, n, k, max_m = 5, 136, 544, 80
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
-    a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, max_m + 9], gen, "cuda")
+    # 45 rows: a 64-row block's three-quarter tail (`QUARTER_TAIL_TILES`); 7 and 80 - 64: half tails
+    a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, 45, max_m + 9], gen, "cuda")
     engine, (bw, br, warps, stages) = engine_tile
     cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine=engine)
     out = poison_(torch.empty(g * max_m, n, dtype=torch.bfloat16, device="cuda"))
@@ -358,11 +359,13 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     for mode, m, n, k, ex, engine in (("contiguous", 1536, 4096, 7168, 0, "gluon_ws"),  # EP32 gate_up: 192 programs
                                       ("contiguous", 1536, 7168, 2048, 0, "gluon_rs"),  # EP32 down: 336
                                       ("masked", 12 * 256, 4096, 7168, 32, "gluon_ws"),
-                                      ("masked", 24 * 256, 4096, 7168, 32, "gluon_rs")):  # EP16: 384
+                                      ("masked", 24 * 256, 4096, 7168, 32, "gluon_ws")):  # EP16: 384, 256 rows
         c = w4a16_grouped_config(mode, m, n, k, m // 128 if mode == "contiguous" else m // 256, ex, gluon=True)
-        assert c.engine == engine and c.block_n == (256 if engine == "gluon_rs" else 128), (mode, m, n, c)
+        wide = engine == "gluon_rs" or m == 24 * 256  # the masked four-warpgroup tile runs warp-specialized
+        assert c.engine == engine and c.block_n == (256 if wide else 128), (mode, m, n, c)
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
-    assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_rs", 256, 64, 16), m32
+    assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_ws", 256, 64, 16), m32
+    assert "runs the 32-row tile" in m32.reason, m32  # `WS_HALF_TAIL_TILES`
     for em, rows in ((8, 16), (16, 32)):
         c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
         assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 64, rows, 4), c
@@ -373,13 +376,18 @@ def test_gluon_default_where_measured_faster(monkeypatch):
 
 
 def test_tail_tiles_are_offered_and_reported():
-    """The half-row tail tables name tiles their kernels are built for, the warp-specialized
-    engine and contiguous segments have none, and the heuristics' reason says when a tail runs
-    (masked 16 / 32 / 64 tok/expert on Kimi EP8, the split tile at 64)."""
+    """The tail tables name tiles their kernels are built for (the warp-specialized ones: only its
+    four-warpgroup tiles), contiguous segments have none, and the heuristics' reason says when
+    a tail runs (masked 16 / 32 / 64 tok/expert on Kimi EP8, the split tile at 64)."""
     from lowbit.kernels import w4a16_sm90 as sm90
 
     assert set(sm90.HALF_TAIL_TILES["masked"]) <= set(sm90.GLUON_RS_TILES)
     assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES)
+    for table in (sm90.WS_HALF_TAIL_TILES, sm90.QUARTER_TAIL_TILES):
+        assert set(table["masked"]) <= set(sm90.GLUON_WS_TILES) and set(table["indexed"]) <= set(sm90.INDEXED_WS_TILES)
+        assert all(t[0] == 256 for ts in table.values() for t in ts)
+    assert sm90.tail_rows((256, 64, 16, 3), "gluon_ws", "masked") == 32
+    assert sm90.tail_rows((128, 64, 8, 3), "gluon_ws", "masked") == 0
     assert set(sm90.SPLIT_HI_TAIL_TILES) <= set(sm90.GLUON_SPLIT_TILES)
     assert sm90.tail_rows((256, 64, 16, 3), "gluon_rs", "masked") == 32
     assert sm90.tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64

@@ -89,7 +89,9 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     """The Hopper Gluon kernels (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon / gluon_rs) through the
     same checks as the Triton kernel, every tile of the routing block (the register-A kernel
     also runs 128-row blocks): N and K off the tiles (5 K steps; 9 to wrap the ring), one token,
-    experts of ~150 rows (a 128-row block's full and half-row tiles, `HALF_TAIL_TILES`), a hot expert with routing weights and over-allocated buffers, remote experts and dropped
+    experts of ~150 rows (a 128-row block's full and half-row tiles, `HALF_TAIL_TILES`) and of
+    ~44 (a 64-row block's full, half and three-quarter tiles, `QUARTER_TAIL_TILES`), a hot
+    expert with routing weights and over-allocated buffers, remote experts and dropped
     routes, and activations whose rows are not 16-byte aligned (refused, not misread)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
@@ -109,7 +111,8 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
         for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2),
                                   (2, 72, 2304, 6, 2),  # 9 K steps: the ring wraps several times
                                   (3, 1096, 256, 7, 2),  # one K step, 9 N tiles of 128: the N loop's chunks
-                                  (2, 136, 512, 150, 2)):  # ~150 rows an expert: full blocks and half tails
+                                  (2, 136, 512, 150, 2),  # ~150 rows an expert: full blocks and half tails
+                                  (4, 72, 544, 88, 2)):  # ~44 rows an expert: 64-row blocks' three tiles
             wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
             out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
             assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} {bw} rows, stages {stages}")
@@ -353,7 +356,7 @@ def test_gluon_default_for_decode(monkeypatch):
     c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)
     # prefill: four warpgroups, warp-specialized (`_WIDE_WS_BLOCKS`)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 256, 16), c
-    assert "-row tile (H200 EP8 1024" not in c.reason, c  # no half-row tail on the 64-row block
+    assert "runs the 32-row tile (H200 EP8 384" in c.reason, c  # its half-row tail (`WS_HALF_TAIL_TILES`)
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
     assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)

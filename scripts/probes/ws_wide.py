@@ -1,8 +1,10 @@
 """The four-warpgroup tile 256x64 warp-specialized (`_ws_groups_partition`: a producer partition
 issues the loads, no CTA barrier a step) against its register-A kernel (`_rs_groups_mainloop`:
-every warpgroup retires its step, a CTA barrier, then the refill) -- a probe, not a benchmark.
+every warpgroup retires its step, a CTA barrier, then the refill), with and without its tails
+(`QUARTER_TAIL_TILES`: blocks of at most 32 / 48 live rows multiply only those) -- a probe,
+not a benchmark.
 
-    python scripts/probes/ws_wide.py [indexed] [masked] [contiguous]
+    python scripts/probes/ws_wide.py [indexed] [masked] [masked64] [contiguous]
 
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
 flushed; outputs compared bit for bit (valid rows for the grouped layouts). Kimi EP8 shapes:
@@ -11,6 +13,7 @@ indexed 256 / 384 tokens (64-row blocks, 43 / 64 routes an expert); masked 32 / 
 warp-specialized one a program a block, no tail); contiguous 128 rows an expert (also against
 the default 256x128 register-A tile).
 """
+import contextlib
 import sys
 
 import torch
@@ -26,6 +29,23 @@ H, I, E = 7168, 2048, 48
 PROJ = (("gate_up", 2 * I, H, 8), ("down", H, I, 1))
 TILE = (256, 64, 16, 3)
 which = sys.argv[1:] or ["indexed", "masked", "contiguous"]
+
+
+@contextlib.contextmanager
+def no_tails(*tables):
+    """The warp-specialized kernel without the tails of `tables` (names in `w4a16_sm90`; read at
+    launch, so at capture)."""
+    saved = {t: getattr(sm90, t) for t in tables}
+    for t in tables:
+        setattr(sm90, t, {"masked": (), "indexed": ()})
+    try:
+        yield
+    finally:
+        for t, v in saved.items():
+            setattr(sm90, t, v)
+
+
+BOTH = ("WS_HALF_TAIL_TILES", "QUARTER_TAIL_TILES")
 
 
 def report(label, outs, t, fl, valid=None):
@@ -49,24 +69,35 @@ if "indexed" in which:
             w = pack_w4a16(make_weight(E, n, kk, "cuda"))
             a = torch.randn(t_tok if top_k == 8 else t_tok * 8, kk, device="cuda").to(torch.bfloat16)
             outs = {v: torch.full((t_tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                    for v in ("rs", "ws")}
-            fns = {v: (lambda ws=(v == "ws"), o=outs[v]: sm90.w4a16_indexed_sm90_launch(
-                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, TILE, True, ws))
-                for v in outs}
+                    for v in ("rs", "ws", "ws_half", "ws_tail")}
+
+            def launch(o, ws, *off):
+                with no_tails(*off):
+                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                                   top_k, None, o, TILE, True, ws)
+            fns = {"rs": lambda o=outs["rs"]: launch(o, False), "ws": lambda o=outs["ws"]: launch(o, True, *BOTH),
+                   "ws_half": lambda o=outs["ws_half"]: launch(o, True, "QUARTER_TAIL_TILES"),
+                   "ws_tail": lambda o=outs["ws_tail"]: launch(o, True)}
             report(f"indexed t{t_tok} {proj}", outs, measure_interleaved(fns), 2 * t_tok * 8 * n * kk)
 
 if "masked" in which:
-    for tok in (32, 64):
+    for tok in (32, 64) if "masked64" in which else (32,):
         counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
         valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
         for proj, n, kk, _ in PROJ:
             w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
             a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in ("rs", "ws", "split96")}
+            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda")
+                    for v in ("rs", "ws", "ws_half", "ws_tail", "split96")}
+
+            def ws_launch(o, *off):
+                with no_tails(*off):
+                    sm90.w4a16_grouped_sm90_launch(a, w, counts, o, TILE, 256, regs_a=True, warp_specialize=True)
             fns = {"rs": lambda o=outs["rs"]: sm90.w4a16_grouped_sm90_launch(
                        a, w, counts, o, TILE, 256, regs_a=True, row_slots=sm90.masked_row_slots(1.3 * tok, 256, 64)),
-                   "ws": lambda o=outs["ws"]: sm90.w4a16_grouped_sm90_launch(
-                       a, w, counts, o, TILE, 256, regs_a=True, warp_specialize=True),
+                   "ws": lambda o=outs["ws"]: ws_launch(o, *BOTH),
+                   "ws_half": lambda o=outs["ws_half"]: ws_launch(o, "QUARTER_TAIL_TILES"),
+                   "ws_tail": lambda o=outs["ws_tail"]: ws_launch(o),
                    "split96": lambda o=outs["split96"]: sm90.w4a16_grouped_split_launch(
                        a, w, counts, o, (256, 96, 16, 2), 256)}
             res = measure_interleaved(fns)

@@ -123,6 +123,13 @@ def _tile_for_rows(rows: float) -> int:
 #: 32 tok/expert (x64 tiles) 485.6 vs 470.8 and 292.4 vs 245.6; 64 tok 705.5 vs 622.4 and
 #: 386.5 vs 335.7.
 _WIDE_MIN_ROWS = 64
+#: Masked M tiles whose four-warpgroup tile runs warp-specialized, with its half and
+#: three-quarter tails (`w4a16_sm90.WS_HALF_TAIL_TILES`, `QUARTER_TAIL_TILES`). H200, eighteenth
+#: session (`scripts/probes/ws_wide.py`, interleaved, bit-identical valid rows, us, gate_up /
+#: down): masked 32 tok/expert (22-42 rows) register-A 256x64 with its half tail 384.8 / 218.2,
+#: warp-specialized with tails 352.7 / 212.7 (without 382.6 / 232.8). Masked 64 keeps the split
+#: 96 tile (459.9 / 253.3 against 482.8 / 288.5).
+_WIDE_WS_ROWS = (64,)
 #: The masked heuristics' spread of real counts around expected_m (DeepGEMM's rule): the M tile
 #: and the Gluon grid's programs an expert (`w4a16_sm90.masked_row_slots`) hold 1.3x expected_m.
 MASKED_SPREAD = 1.3
@@ -142,7 +149,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         bm = _tile_for_rows(MASKED_SPREAD * expected_m)
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
-    split = 0
+    split, wide = 0, False
     if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
         from .w4a16_sm90 import split_tile_rows, wide_tile_pays
 
@@ -150,7 +157,11 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         split = split_tile_rows(MASKED_SPREAD * expected_m) if mode == "masked" else 0
         # the Gluon contiguous tile takes whole 128-row segments; masked: the live blocks of each expert
         row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // (split or bm)))
-        if wide_tile_pays(row_blocks, n):
+        wide = wide_tile_pays(row_blocks, n)
+        if wide and mode == "masked" and not split and bm in _WIDE_WS_ROWS and not env[0]:
+            cfg = replace(cfg, engine="gluon_ws", reason=f"{why}; sm_90: warp-specialized register-A Gluon kernel, "
+                          "256 weight rows a CTA (H200 EP8 masked 32 tok/expert: 1.03-1.09x the register-A one)")
+        elif wide:
             cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 256 weight rows a "
                           "CTA (H200 EP8: 1.03-1.19x the warp-specialized 128-row tile, which is 1.09-1.20x the "
                           "register-A one)")
@@ -163,7 +174,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
                       "the Triton kernel at 8-32 tok/expert)")
     # the block_m override (first field of the env key) pins the Gluon tile's rows too; an
     # engine override replaces the default engine (the Triton tile is the base config)
-    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env)
+    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env, wide)
     if split and cfg.engine == "gluon_rs" and cfg.block_n == 256 and not env[0]:
         # the split tile only where the four-warpgroup kernel runs and no BLOCK_M was asked for
         bw, br, warps, stages = pick_gluon_tile(_engine_tiles("gluon_rs", mode), split, cfg, env)
@@ -175,8 +186,10 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
 
         tail = tail_rows((cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages), cfg.engine, mode)
         if tail:
+            measured = "masked 32 tok/expert, with the three-quarter tail: 1.03-1.09x" if cfg.engine == "gluon_ws" \
+                else "masked 16-64 tok/expert: 1.04-1.18x"
             cfg = replace(cfg, reason=f"{cfg.reason}; a block whose rows end within its first {tail} runs the "
-                          f"{tail}-row tile (H200 masked 16-64 tok/expert: 1.04-1.18x)")
+                          f"{tail}-row tile (H200 {measured})")
     return avoid_miscompile(cfg, n)
 
 
@@ -190,17 +203,20 @@ def _engine_tiles(engine: str, mode: str) -> tuple:
     return {"gluon": GLUON_TILES, "gluon_rs": GLUON_RS_TILES, "gluon_ws": GLUON_WS_TILES}[engine] + split
 
 
-def _fit_engine(cfg: W4A16Config, mode: str, env: tuple) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False) -> W4A16Config:
     """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's
     tile with 128 rows for contiguous (a whole segment: each weight tile read once per segment),
     for masked the smallest tile rows holding the M tile the heuristic chose, or the rows that
     ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for; ``_BLOCK_N`` (weight rows) and ``_NUM_STAGES``
-    pick among that kernel's tiles when set. The reason says what was chosen."""
+    pick among that kernel's tiles when set. `wide`: the heuristics chose the four-warpgroup tile
+    (256 weight rows), which then comes first. The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
     tiles = _engine_tiles(cfg.engine, mode)
+    if wide:
+        tiles = tuple(t for t in tiles if t[0] == 256) + tiles
     if env[0] or mode == "masked":  # env[0]: the BLOCK_M override
         # the smallest tile row count holding the M tile (register-A: 16 to 128 rows)
         rows = min((t[1] for t in tiles if t[1] >= cfg.block_m), default=max(t[1] for t in tiles))

@@ -282,7 +282,8 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False) -> W4A
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
         variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
     elif tail := tail_rows(tile, engine, "indexed"):
-        variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 1024 tokens: 1.09x)"
+        measured = "384 tokens: 1.03-1.06x" if engine == "gluon_ws" else "1024 tokens: 1.09x"
+        variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 {measured})"
     else:
         variant = ""
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,

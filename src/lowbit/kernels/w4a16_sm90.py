@@ -148,7 +148,7 @@ GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 6
 #: H200 2026-11-29 (`scripts/probes/ws_grouped.py`, Kimi EP8 contiguous gate_up, CUDA graph,
 #: bit-identical to `gluon_rs`): 128 rows/expert 128x128 767.8 vs 894.7 us (1.17x), 128x64
 #: 970.5 vs 1163.2 (1.20x); 256 rows/expert 128x128 1599.4 vs 1803.5 (1.13x).
-GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8)
+GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8) + ((256, 64, 16, 3),)
 #: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
 #: register-A tiles, the routed rows gathered by the producer warp's cp.async; and the
 #: four-warpgroup 256x64 (`_ws_groups_partition`). Its producer makes 20 warps, so ptxas caps every
@@ -780,11 +780,13 @@ def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, m
 
 @gluon.jit
 def _ws_mma_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
-                      BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
-    """Consumer warpgroups of `_ws_mainloop`: `_ws_groups_partition` for four-warpgroup tiles,
-    `_ws_steps_partition` otherwise (the split `_rs_mainloop` makes). Returns ``(acc,)``."""
+                      BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, mma2: gl.constexpr):
+    """Consumer warpgroups of `_ws_mainloop`: `_ws_groups_partition` for four-warpgroup tiles (and
+    its three-quarter tail, `mma2`), `_ws_steps_partition` otherwise (the split `_rs_mainloop`
+    makes). Returns ``(acc,)`` (``(acc, acc2)`` with `mma2`)."""
     if BW > 128:
-        res = _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, GATHER)
+        res = _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, GATHER,
+                                   mma2)
     else:
         res = _ws_steps_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, GATHER)
     return res
@@ -829,16 +831,25 @@ def _ws_steps_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma
 
 @gluon.jit
 def _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma: gl.constexpr, BW: gl.constexpr,
-                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, mma2: gl.constexpr = None):
     """Consumer warpgroups of `_ws_mainloop` for four-warpgroup tiles: `_rs_groups_mainloop`'s
     arithmetic (one group dequantized while the previous group's wgmma runs), with the stages
     released by mbarrier instead of refilled by these warps: the words and scales once the
-    last group is dequantized, the activations once the step's wgmmas retire."""
+    last group is dequantized, the activations once the step's wgmmas retire.
+    With `mma2` (the three-quarter tail, `QUARTER_TAIL`): only the first 3/4 of the ring's BR rows
+    are multiplied, as two accumulators (Gluon shapes are powers of two): rows ``0 .. BR/2`` in
+    `mma` (instr N = BR/2) and ``BR/2 .. 3BR/4`` in `mma2` (N = BR/4), each group's fragment
+    feeding both (the same registers under either parent). Returns ``(acc,)`` or ``(acc, acc2)``."""
+    SPLIT: gl.constexpr = mma2 is not None
+    HI: gl.constexpr = BR // 2 if SPLIT else BR
+    LO: gl.constexpr = BR // 4
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    dot_a2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2 if SPLIT else mma, k_width=2)
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     nk = gl.cdiv(K, 256)
-    acc = gl.zeros([BW, BR], gl.float32, mma)
+    acc = gl.zeros([BW, HI], gl.float32, mma)
+    acc2 = gl.zeros([BW, LO], gl.float32, mma2 if SPLIT else mma)  # SPLIT only (loop-invariant otherwise)
     for kt in range(nk):
         s = kt % STAGES
         ph = (kt // STAGES) & 1
@@ -849,17 +860,48 @@ def _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mm
         if GATHER:  # cp.async wrote the rows through the generic proxy; wgmma reads through the async one
             fence_async_shared()
         prev = _dequant_group_regs(words, scales, 0, rows_l)
-        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+        acc, acc2 = _issue_group_rows(prev, xs.index(s * _GROUPS), acc, acc2, dot_a2, SPLIT)
         for g in gl.static_range(1, _GROUPS):
             w = _dequant_group_regs(words, scales, g, rows_l)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
-            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
+            acc, acc2 = _retire_group_rows(acc, acc2, prev, SPLIT)
+            acc, acc2 = _issue_group_rows(w, xs.index(s * _GROUPS + g), acc, acc2, dot_a2, SPLIT)
             prev = w
         fence_async_shared()  # generic-proxy reads of the stage ordered before the producer's TMA refill
         mbarrier.arrive(wempty.index(s), count=1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+        acc, acc2 = _retire_group_rows(acc, acc2, prev, SPLIT)
         mbarrier.arrive(xempty.index(s), count=1)
-    return (acc,)
+    if SPLIT:
+        res = (acc, acc2)
+    else:
+        res = (acc,)
+    return res
+
+
+@gluon.jit
+def _issue_group_rows(w, xb, acc, acc2, dot_a2: gl.constexpr, SPLIT: gl.constexpr):
+    """One group's asynchronous wgmma(s) of `_ws_groups_partition`: fragment `w` times the ring
+    box `xb` (``[BR, 32]``) into `acc`, or with SPLIT its first half of rows into `acc` and the
+    next quarter into `acc2`."""
+    if SPLIT:
+        HI: gl.constexpr = acc.shape[1]
+        LO: gl.constexpr = acc2.shape[1]
+        acc = warpgroup_mma(w, xb.slice(0, HI).permute((1, 0)), acc, is_async=True)
+        acc2 = warpgroup_mma(gl.convert_layout(w, dot_a2), xb.slice(HI, LO).permute((1, 0)), acc2, is_async=True)
+    else:
+        acc = warpgroup_mma(w, xb.permute((1, 0)), acc, is_async=True)
+    return acc, acc2
+
+
+@gluon.jit
+def _retire_group_rows(acc, acc2, prev, SPLIT: gl.constexpr):
+    """Wait for `_issue_group_rows`' wgmmas (fragment `prev` free again)."""
+    if SPLIT:
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, prev))
+        acc = done[0]
+        acc2 = done[1]
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+    return acc, acc2
 
 
 @gluon.jit
@@ -905,13 +947,14 @@ def _ws_load_partition(x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty,
 @gluon.jit
 def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr, BR: gl.constexpr,
                  STAGES: gl.constexpr, GATHER: gl.constexpr = False, a_ptr=0, sorted_ids_ptr=0, pid_m=0,
-                 num_routes=0, top_k=0, stride_am=0, x_l: gl.constexpr = None):
+                 num_routes=0, top_k=0, stride_am=0, x_l: gl.constexpr = None, mma2: gl.constexpr = None):
     """`_rs_mainloop` warp-specialized: a producer partition (`_ws_load_partition`) issues every
     load as soon as its stage is released, the consumer warpgroups only wait, dequantize and multiply.
     No CTA barrier is left in the loop, so the next step's loads are not held back by the
     slowest warpgroup's products, and each warpgroup runs at its own pace. Same arithmetic in
     the same order as `_rs_mainloop`: bit-identical results (H200 probe,
-    `scripts/probes/ws_grouped.py`)."""
+    `scripts/probes/ws_grouped.py`). BR: the ring's rows. `mma2`: the three-quarter tail
+    (`_ws_groups_partition`). Returns the consumers' tuple: ``(acc,)``, or ``(acc, acc2)``."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
@@ -925,30 +968,45 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
     # (the argument tuples are written out per call: Gluon cannot hold layouts in a tuple variable)
     if GATHER:  # the gather needs more lanes and registers (row pointers) than TMA issue does
         return gl.warp_specialize([
-            (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, True)),
+            (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, True,
+                                 mma2)),
             (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
                                   srow, n0, K, STAGES, True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k,
                                   stride_am, BR, x_l)),
-        ], [_WS_GATHER_WARPS.value], [_WS_GATHER_REGS.value])[0]
+        ], [_WS_GATHER_WARPS.value], [_WS_GATHER_REGS.value])
     else:
         return gl.warp_specialize([
-            (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, False)),
+            (_ws_mma_partition, (xs, wring, sring, wready, wempty, xready, xempty, K, mma, BW, BR, STAGES, False,
+                                 mma2)),
             (_ws_load_partition, (x_desc, w_desc, s_desc, xs, wring, sring, wready, wempty, xready, xempty, r0, wrow,
                                   srow, n0, K, STAGES, False, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k,
                                   stride_am, BR, x_l)),
-        ], [1], [_WS_LOAD_REGS.value])[0]
+        ], [1], [_WS_LOAD_REGS.value])
 
 
 @gluon.jit
 def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
-                      STAGES: gl.constexpr, MASKED: gl.constexpr, SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr):
-    """One row block's tile on `_rs_mainloop`: rows ``r0 ..`` (as many as `x_desc`'s box) by TMA,
-    multiplied and stored."""
+                      STAGES: gl.constexpr, MASKED: gl.constexpr, SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr,
+                      WARP_SPECIALIZE: gl.constexpr = False, QUARTER: gl.constexpr = False):
+    """One row block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE): rows ``r0 ..``
+    (as many as `x_desc`'s box) by TMA, multiplied and stored; with QUARTER (warp-specialized
+    four-warpgroup tiles) only the first three quarters of them (`QUARTER_TAIL_TILES`)."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BR, 16])
-    acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma,
-                       BR, STAGES, False, mma, SPLIT_ACC)
+                                                  instr_shape=[16, BR // 2 if QUARTER else BR, 16])
+    srow = e * gl.cdiv(K, 256) * 8
+    if QUARTER:
+        mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BR // 4, 16])
+        acc, acc2 = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, srow, n0, K, mma, BR, STAGES, False,
+                                 x_l=mma, mma2=mma2)
+        _grouped_store(acc2, c_ptr, route_ptr, r0 + BR // 2, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+    elif WARP_SPECIALIZE:
+        acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, srow, n0, K, mma, BR, STAGES, False,
+                           x_l=mma)[0]  # x_l: any layout, no gather
+    else:
+        acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, srow, n0, K, mma, BR, STAGES, False, mma,
+                           SPLIT_ACC)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
@@ -957,7 +1015,7 @@ def _w4a16_grouped_rs_kernel(
     x_desc, xh_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
-    SPLIT_ACC: gl.constexpr, HALF_TAIL: gl.constexpr, num_warps: gl.constexpr,
+    SPLIT_ACC: gl.constexpr, HALF_TAIL: gl.constexpr, QUARTER_TAIL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
@@ -967,23 +1025,30 @@ def _w4a16_grouped_rs_kernel(
     HALF_TAIL (masked): a row block whose second half holds no live row (the expert's count ends
     in its first half) runs the half-row tile, its activations through `xh_desc` (box of BR / 2
     rows), so its wgmmas do not multiply rows that are never stored (`HALF_TAIL_TILES`);
-    `xh_desc` is unused otherwise."""
+    `xh_desc` is unused otherwise. QUARTER_TAIL (masked, warp-specialized four-warpgroup tiles): a
+    block whose live rows end in its first three quarters multiplies only those
+    (`QUARTER_TAIL_TILES`)."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(MASKED or not HALF_TAIL, "HALF_TAIL: masked layout only")
+    gl.static_assert(MASKED and WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: masked, warp-specialized")
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
     e, base, first, stop, step, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR, MASKED)
     n0 = pid_n * BW
     if WARP_SPECIALIZE:  # two-warpgroup tiles only (`GLUON_WS_TILES`); one row block a program
         # (the launcher's row_slots: every block of max_m): the loop below ran 5% slower here
         # (sixteenth session, EP32 masked 32 tok/expert, 128x64)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BR, 16])
         if first < stop:
             r0 = base + first
-            acc = _ws_mainloop(x_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR,
-                               STAGES, False, x_l=mma)  # x_l: any layout, no gather
-            _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
+            if HALF_TAIL and valid - first <= BR // 2:
+                _grouped_rs_block(xh_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, True)
+            elif QUARTER_TAIL and valid - first <= BR * 3 // 4:
+                _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, True, True)
+            else:
+                _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, True)
     else:
         for rb in range(first, stop, step):
             r0 = base + rb
@@ -1133,14 +1198,30 @@ def _w4a16_indexed_sm90_kernel(
 @gluon.jit
 def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k, stride_am,
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
-                      X_LAYOUT: gl.constexpr, num_warps: gl.constexpr):
-    """One routing block's tile on `_rs_mainloop`: the first BR slots at `ids_ptr` (the block's
-    sorted ids) gathered, multiplied and stored."""
+                      X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
+                      QUARTER: gl.constexpr = False):
+    """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
+    producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
+    gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
+    the first three quarters of them multiplied (`QUARTER_TAIL_TILES`)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BR, 16])
-    row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
-    acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K,
-                       mma, BR, STAGES, True, X_LAYOUT)
+                                                  instr_shape=[16, BR // 2 if QUARTER else BR, 16])
+    wrow = e * N + n0
+    srow = e * gl.cdiv(K, 256) * 8
+    if QUARTER:
+        mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BR // 4, 16])
+        acc, acc2 = _ws_mainloop(w_desc, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True, a_ptr, ids_ptr,
+                                 0, num_routes, top_k, stride_am, X_LAYOUT, mma2)
+        _indexed_store(acc2, c_ptr, ids_ptr + BR // 2, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT,
+                       num_warps)
+    elif WARP_SPECIALIZE:
+        acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True, a_ptr, ids_ptr, 0,
+                           num_routes, top_k, stride_am, X_LAYOUT)[0]
+    else:
+        row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
+        acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
+                           X_LAYOUT)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
 
 
@@ -1150,7 +1231,7 @@ def _w4a16_indexed_rs_kernel(
     N, K, num_routes, top_k, stride_am, stride_cm,
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
-    num_warps: gl.constexpr,
+    QUARTER_TAIL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`): the routed rows (row
     ``id // top_k`` of route ``id``) are gathered by cp.async into the same STAGES-deep ring
@@ -1161,8 +1242,10 @@ def _w4a16_indexed_rs_kernel(
     HALF_TAIL: a block whose second half holds no route (an expert's last block, as
     `moe_align_block_size` puts an expert's routes first) runs the BR / 2-row tile instead
     (X_HALF_LAYOUT: its gather layout), so its wgmmas do not multiply the padding
-    (`HALF_TAIL_TILES`)."""
+    (`HALF_TAIL_TILES`). QUARTER_TAIL (warp-specialized four-warpgroup tiles): a block with no
+    route in its last quarter multiplies only its first three quarters (`QUARTER_TAIL_TILES`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
+    gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
     pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
         return
@@ -1171,25 +1254,24 @@ def _w4a16_indexed_rs_kernel(
         return
     n0 = pid_n * BW
     ids_ptr = sorted_ids_ptr + pid_m * BR
-    if WARP_SPECIALIZE:  # two-warpgroup tiles; the producer partition gathers the rows (X_LAYOUT: its layout)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BR, 16])
-        acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
-                           True, a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, X_LAYOUT)
-        _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm, MUL_WEIGHT,
-                       num_warps)
-    elif HALF_TAIL:
+    if HALF_TAIL or QUARTER_TAIL:  # which of the block's slots past BR / 2 hold a route
         tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        tail = gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l))
-        if gl.min(tail, axis=0) >= num_routes:  # no route in the second half
-            _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
-                              stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps)
-        else:
-            _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
-                              stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps)
+        slot = gl.arange(0, BR // 2, layout=tail_l)
+        tail = gl.load(ids_ptr + BR // 2 + slot)
+        half_free = gl.min(tail, axis=0) >= num_routes
+        quarter_free = gl.min(gl.where(slot >= BR // 4, tail, num_routes), axis=0) >= num_routes
+    else:
+        half_free = False
+        quarter_free = False
+    if HALF_TAIL and half_free:  # no route in the second half
+        _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
+                          stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps, WARP_SPECIALIZE)
+    elif QUARTER_TAIL and quarter_free:  # none in the last quarter
+        _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
+                          stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, True, True)
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
-                          stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps)
+                          stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE)
 
 
 @gluon.jit
@@ -1473,16 +1555,31 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
 HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4)), "indexed": ((256, 128, 16, 2),)}
 
 
+#: `HALF_TAIL_TILES` of the warp-specialized kernels (the four-warpgroup tiles; the tail is a
+#: second `_ws_mainloop` region in the same program).
+WS_HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
+#: Warp-specialized four-warpgroup tiles whose row blocks with no live row in their last quarter
+#: multiply only the first three (QUARTER_TAIL: a BR/2 + BR/4 split of the accumulator).
+QUARTER_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
+
+
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
-    return tuple(tile) in HALF_TAIL_TILES[family] and not warp_specialize
+    tiles = WS_HALF_TAIL_TILES if warp_specialize else HALF_TAIL_TILES
+    return tuple(tile) in tiles[family]
+
+
+def _quarter_tail(tile, warp_specialize: bool, family: str) -> bool:
+    return warp_specialize and tuple(tile) in QUARTER_TAIL_TILES[family]
 
 
 def tail_rows(tile, engine: str, family: str) -> int:
     """The rows of the smaller tile that a block of `tile` whose live rows end early runs instead
-    (`HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`), 0 if none: what the heuristics' reasons report.
-    `engine`: the Gluon engine (the warp-specialized one has no tails); `family`: "masked",
-    "contiguous" or "indexed"."""
+    (`HALF_TAIL_TILES`, `WS_HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`), 0 if none: what the
+    heuristics' reasons report. `engine`: the Gluon engine; `family`: "masked", "contiguous" or
+    "indexed"."""
     tile = tuple(tile)
+    if engine == "gluon_ws":
+        return tile[1] // 2 if tile in WS_HALF_TAIL_TILES.get(family, ()) else 0
     if engine != "gluon_rs":
         return 0
     if family == "masked" and tile in SPLIT_HI_TAIL_TILES:
@@ -1493,7 +1590,8 @@ def tail_rows(tile, engine: str, family: str) -> int:
 def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
     """The register-A grouped kernel's variant constexprs for `tile` (launcher and compile tier)."""
     return {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile),
-            "HALF_TAIL": masked and _half_tail(tile, warp_specialize, "masked")}
+            "HALF_TAIL": masked and _half_tail(tile, warp_specialize, "masked"),
+            "QUARTER_TAIL": masked and _quarter_tail(tile, warp_specialize, "masked")}
 
 
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
@@ -1502,7 +1600,8 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     half = _half_tail(tile, warp_specialize, "indexed")
     return {"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
-            "X_HALF_LAYOUT": _gather_layout(br // 2, warps) if half else None}
+            "X_HALF_LAYOUT": _gather_layout(br // 2, _WS_GATHER_WARPS.value if warp_specialize else warps)
+            if half else None, "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed")}
 
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
