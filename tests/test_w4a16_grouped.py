@@ -123,10 +123,13 @@ def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", [(256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2)], ids=lambda t: f"{t[1]}rows")
-def test_masked_split_tiles_match_reference(tile, gen):
+@pytest.mark.parametrize("tile,ws", [((256, 48, 16, 3), False), ((256, 80, 16, 2), False), ((256, 96, 16, 2), False),
+                                     ((256, 48, 16, 3), True), ((256, 96, 16, 2), True)],
+                         ids=lambda v: f"{v[1]}rows" if isinstance(v, tuple) else ("ws" if v else "rs"))
+def test_masked_split_tiles_match_reference(tile, ws, gen):
     """The masked tiles whose rows are not a power of two
-    (`w4a16_sm90.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows): max_m = 200
+    (`w4a16_sm90.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows; `ws`: the
+    warp-specialized form, `GLUON_SPLIT_WS_TILES`): max_m = 200
     is not a multiple of the tile (a tile crosses into the next slab), counts 0, max_m, a few rows,
     one row past a tile and one above max_m (blocks on both accumulators, and blocks whose rows end
     in the first part, run alone: `SPLIT_HI_TAIL_TILES`); K off the 256-wide step; N off the weight
@@ -139,7 +142,7 @@ def test_masked_split_tiles_match_reference(tile, gen):
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
     a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, tile[1] + 1, max_m + 9], gen, "cuda")
     out = poison_(torch.empty(g * max_m, n, dtype=torch.bfloat16, device="cuda"))
-    w4a16_grouped_split_launch(a3.view(g * max_m, k), pw, mm, out, tile, max_m)
+    w4a16_grouped_split_launch(a3.view(g * max_m, k), pw, mm, out, tile, max_m, warp_specialize=ws)
     ref = reference.w4a16_masked_ref(a3.cpu(), wq, mm.cpu())
     valid = (torch.arange(max_m)[None, :] < mm.cpu().clamp(max=max_m)[:, None]).reshape(-1)
     assert_close(out.cpu()[valid].float(), ref.reshape(g * max_m, n)[valid], "bf16_out", f"{tile[1]}-row tile")
@@ -194,15 +197,21 @@ def test_gluon_engine_contract(gen, monkeypatch):
 
 
 def test_masked_split_tile_choice(gen, monkeypatch):
-    """Past 64 expected rows (x1.3 spread) a masked expert takes one 80- or 96-row split tile on
-    the four-warpgroup kernel; at 32 tok/expert the 64-row tile stays (the 48-row one measured
-    slower); a BLOCK_M override pins the rows (48 picks the split tile on sm_90, and is a clear
-    error for the Triton kernels, which have no such tile)."""
+    """Past 64 expected rows (x1.3 spread) a masked expert takes one split tile on the
+    four-warpgroup kernel, the warp-specialized 96-row one (`GLUON_SPLIT_WS_TILES`; with an engine
+    override the register-A 80 or 96); at 32 tok/expert the 64-row tile stays (the 48-row one
+    measured slower); a BLOCK_M override pins the rows (48 picks the split tile on sm_90, and is
+    a clear error for the Triton kernels, which have no such tile)."""
     shape = ("masked", 48 * 256, 4096, 7168, 48)
     rows = {em: w4a16_grouped_config(*shape, expected_m=em, gluon=True).block_m for em in (32, 48, 50, 64, 74)}
-    assert rows == {32: 64, 48: 64, 50: 80, 64: 96, 74: 64}, rows
+    assert rows == {32: 64, 48: 64, 50: 96, 64: 96, 74: 64}, rows
     c = w4a16_grouped_config(*shape, expected_m=64, gluon=True)
-    assert (c.engine, c.block_n, c.num_warps) == ("gluon_rs", 256, 16) and "split tile" in c.reason, c
+    assert (c.engine, c.block_n, c.num_warps) == ("gluon_ws", 256, 16) and "split tile" in c.reason, c
+    assert "runs the 64-row tile" in c.reason, c  # its HI_TAIL
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_ENGINE", "gluon_rs")
+    c = w4a16_grouped_config(*shape, expected_m=50, gluon=True)
+    assert (c.engine, c.block_n, c.block_m) == ("gluon_rs", 256, 80), c
+    monkeypatch.delenv("LOWBIT_W4A16_GROUPED_ENGINE")
     assert w4a16_grouped_config(*shape, expected_m=64, gluon=False).block_m == 64  # off Hopper: Triton's tiles
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48, gluon=True).block_m == 128
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_M", "48")
@@ -388,6 +397,10 @@ def test_tail_tiles_are_offered_and_reported():
         assert all(t[0] == 256 for ts in table.values() for t in ts)
     assert sm90.tail_rows((256, 64, 16, 3), "gluon_ws", "masked") == 32
     assert sm90.tail_rows((128, 64, 8, 3), "gluon_ws", "masked") == 0
+    assert sm90.tail_rows((256, 96, 16, 2), "gluon_ws", "masked") == 64
+    assert set(sm90.GLUON_SPLIT_WS_TILES) <= set(sm90.GLUON_SPLIT_TILES)
+    with pytest.raises(ValueError, match="no warp-specialized form"):  # 80 = 64 + 16 is not 3/4 of a ring
+        sm90.w4a16_grouped_split_launch(None, None, None, None, (256, 80, 16, 2), 256, warp_specialize=True)
     assert set(sm90.SPLIT_HI_TAIL_TILES) <= set(sm90.GLUON_SPLIT_TILES)
     assert sm90.tail_rows((256, 64, 16, 3), "gluon_rs", "masked") == 32
     assert sm90.tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64

@@ -4,14 +4,15 @@ every warpgroup retires its step, a CTA barrier, then the refill), with and with
 (`QUARTER_TAIL_TILES`: blocks of at most 32 / 48 live rows multiply only those) -- a probe,
 not a benchmark.
 
-    python scripts/probes/ws_wide.py [indexed] [masked] [masked64] [contiguous]
+    python scripts/probes/ws_wide.py [indexed] [masked] [split] [contiguous]
 
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
 flushed; outputs compared bit for bit (valid rows for the grouped layouts). Kimi EP8 shapes:
-indexed 256 / 384 tokens (64-row blocks, 43 / 64 routes an expert); masked 32 / 64 tok/expert
+indexed 256 / 384 tokens (64-row blocks, 43 / 64 routes an expert); masked 32 tok/expert
 (counts 0.7-1.3x, max_m 256: the register-A kernel with its half tail and row-slot grid, the
-warp-specialized one a program a block, no tail); contiguous 128 rows an expert (also against
-the default 256x128 register-A tile).
+warp-specialized one a program a block); `split`: masked 64 / 50 tok/expert on the split tiles
+(96 / 80 rows) against the warp-specialized 96 and 64; contiguous 128 rows an expert (also
+against the default 256x128 register-A tile).
 """
 import contextlib
 import sys
@@ -80,15 +81,19 @@ if "indexed" in which:
                    "ws_tail": lambda o=outs["ws_tail"]: launch(o, True)}
             report(f"indexed t{t_tok} {proj}", outs, measure_interleaved(fns), 2 * t_tok * 8 * n * kk)
 
+def masked_counts(tok):
+    counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+    return counts, (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+
+
 if "masked" in which:
-    for tok in (32, 64) if "masked64" in which else (32,):
-        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
-        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+    for tok in (32,):
+        counts, valid = masked_counts(tok)
         for proj, n, kk, _ in PROJ:
             w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
             a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
             outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda")
-                    for v in ("rs", "ws", "ws_half", "ws_tail", "split96")}
+                    for v in ("rs", "ws", "ws_half", "ws_tail")}
 
             def ws_launch(o, *off):
                 with no_tails(*off):
@@ -97,11 +102,24 @@ if "masked" in which:
                        a, w, counts, o, TILE, 256, regs_a=True, row_slots=sm90.masked_row_slots(1.3 * tok, 256, 64)),
                    "ws": lambda o=outs["ws"]: ws_launch(o, *BOTH),
                    "ws_half": lambda o=outs["ws_half"]: ws_launch(o, "QUARTER_TAIL_TILES"),
-                   "ws_tail": lambda o=outs["ws_tail"]: ws_launch(o),
-                   "split96": lambda o=outs["split96"]: sm90.w4a16_grouped_split_launch(
-                       a, w, counts, o, (256, 96, 16, 2), 256)}
-            res = measure_interleaved(fns)
-            report(f"masked {tok} {proj}", outs, res, 2 * int(counts.sum()) * n * kk, valid)
+                   "ws_tail": lambda o=outs["ws_tail"]: ws_launch(o)}
+            report(f"masked {tok} {proj}", outs, measure_interleaved(fns), 2 * int(counts.sum()) * n * kk, valid)
+
+if "split" in which:  # the split tiles (80 / 96 rows) against the warp-specialized 96 (`GLUON_SPLIT_WS_TILES`)
+    for tok, rs_tile in ((64, (256, 96, 16, 2)), (50, (256, 80, 16, 2))):
+        counts, valid = masked_counts(tok)
+        for proj, n, kk, _ in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda")
+                    for v in (f"split{rs_tile[1]}", "split96_ws", "ws64_tail")}
+            fns = {f"split{rs_tile[1]}": lambda o=outs[f"split{rs_tile[1]}"]: sm90.w4a16_grouped_split_launch(
+                       a, w, counts, o, rs_tile, 256),
+                   "split96_ws": lambda o=outs["split96_ws"]: sm90.w4a16_grouped_split_launch(
+                       a, w, counts, o, (256, 96, 16, 2), 256, warp_specialize=True),
+                   "ws64_tail": lambda o=outs["ws64_tail"]: sm90.w4a16_grouped_sm90_launch(
+                       a, w, counts, o, TILE, 256, regs_a=True, warp_specialize=True)}
+            report(f"masked {tok} {proj}", outs, measure_interleaved(fns), 2 * int(counts.sum()) * n * kk, valid)
 
 if "contiguous" in which:
     m_idx = torch.arange(E, dtype=torch.int32, device="cuda").repeat_interleave(128)

@@ -88,7 +88,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .sm90 import H200_NUM_SMS
 from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
-__all__ = ["GLUON_RS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
+__all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
            "split_tile_rows", "tail_rows", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
@@ -170,6 +170,9 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: 254.9 vs 429.5 / 246.0 (0.97x / 0.96x: two wgmmas a group cost more than 16 padded rows), so
 #: `split_tile_rows` picks them only past 64 rows.
 GLUON_SPLIT_TILES = ((256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2))
+#: Split tiles with a warp-specialized form (`_w4a16_grouped_split_kernel` WARP_SPECIALIZE: BR_LO
+#: = BR_HI / 2, the tile the first three quarters of a 2 * BR_HI-row ring).
+GLUON_SPLIT_WS_TILES = ((256, 48, 16, 3), (256, 96, 16, 2))
 _GROUPS = gl.constexpr(8)  # K groups of 32 in one 256-wide packed step
 #: Registers of `_ws_mainloop`'s producer warp (setmaxnreg): it only computes TMA coordinates.
 _WS_LOAD_REGS = gl.constexpr(40)
@@ -1065,7 +1068,7 @@ def _w4a16_grouped_split_kernel(
     x_desc, x2_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, N_FASTEST: gl.constexpr, HI_TAIL: gl.constexpr,
-    num_warps: gl.constexpr,
+    WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr,
 ):
     """`_w4a16_grouped_rs_kernel` on a row tile BR_HI + BR_LO that is not a power of two (the
     four-warpgroup main loop `_rs_split_mainloop`): an expert of masked 32 tok/expert (22-42
@@ -1073,9 +1076,14 @@ def _w4a16_grouped_split_kernel(
     tile instead of two 64-row ones.
     HI_TAIL: a block whose rows end within its first BR_HI runs the BR_HI-row tile alone
     (`_rs_mainloop`, one accumulator: no BR_LO wgmmas over rows that are never stored;
-    `SPLIT_HI_TAIL_TILES`)."""
+    `SPLIT_HI_TAIL_TILES`).
+    WARP_SPECIALIZE (BR_LO = BR_HI / 2: `GLUON_SPLIT_WS_TILES`): `_ws_mainloop` over a ring of
+    2 * BR_HI rows (`x2_desc`'s box), of which the tile is the first three quarters (the
+    three-quarter tail of `_ws_groups_partition`); its HI_TAIL the BR_HI-row tile
+    warp-specialized too."""
     BR_HI: gl.constexpr = x_desc.block_type.shape[1]
-    BR_LO: gl.constexpr = x2_desc.block_type.shape[1]
+    BR_LO: gl.constexpr = x2_desc.block_type.shape[1] // 4 if WARP_SPECIALIZE else x2_desc.block_type.shape[1]
+    gl.static_assert(not WARP_SPECIALIZE or 4 * BR_LO == 2 * BR_HI, "WARP_SPECIALIZE: x2_desc boxes 2 * BR_HI rows")
     BW: gl.constexpr = w_desc.block_type.shape[0]
     pid_r, pid_n = _tile_ids(N, BW, N_FASTEST)
     e, base, first, stop, _, valid = _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR_HI + BR_LO, MASKED)
@@ -1090,7 +1098,10 @@ def _w4a16_grouped_split_kernel(
         r0 = base + first
         if HI_TAIL and valid - first <= BR_HI:
             _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
-                              STAGES, MASKED, False, num_warps)
+                              STAGES, MASKED, False, num_warps, WARP_SPECIALIZE)
+        elif WARP_SPECIALIZE:
+            _grouped_rs_block(x2_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
+                              STAGES, MASKED, False, num_warps, True, True)
         else:
             acc, acc2 = _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8,
                                            n0, K, mma, mma2, STAGES)
@@ -1522,19 +1533,23 @@ def _split_rows(br: int) -> tuple[int, int]:
 SPLIT_HI_TAIL_TILES = ((256, 48, 16, 3), (256, 80, 16, 2), (256, 96, 16, 2))
 
 
-def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int) -> None:
+def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int, warp_specialize: bool = False) -> None:
     """`w4a16_grouped_sm90_launch` for a tile of `GLUON_SPLIT_TILES` (masked only: contiguous
     segments are 128-row aligned, which a 48- to 96-row tile does not divide): one program a
-    row block of max_m (the kernel does not loop over an expert's blocks)."""
+    row block of max_m (the kernel does not loop over an expert's blocks); `warp_specialize`:
+    its `_ws_mainloop` form (a tile of `GLUON_SPLIT_WS_TILES`)."""
     bw, br, warps, stages = tile
     if not max_m:
         raise ValueError(f"the {br}-row split tiles are masked-only (contiguous segments are 128-row aligned)")
+    if warp_specialize and tuple(tile) not in GLUON_SPLIT_WS_TILES:
+        raise ValueError(f"split tile {tile} has no warp-specialized form ({GLUON_SPLIT_WS_TILES})")
     hi, lo = _split_rows(br)
     w_desc, s_desc = _weight_descs(w, bw)
     slots = _slots(max_m, br, 0)
     _w4a16_grouped_split_kernel[_grid(w.num_experts * slots, triton.cdiv(w.n, bw), True)](
-        _act_desc(a, w.k, hi), _act_desc(a, w.k, lo), w_desc, s_desc, out, route, w.n, w.k, max_m, out.stride(0),
-        slots, STAGES=stages, MASKED=True, N_FASTEST=True, HI_TAIL=tuple(tile) in SPLIT_HI_TAIL_TILES, num_warps=warps,
+        _act_desc(a, w.k, hi), _act_desc(a, w.k, 2 * hi if warp_specialize else lo), w_desc, s_desc, out, route, w.n,
+        w.k, max_m, out.stride(0), slots, STAGES=stages, MASKED=True, N_FASTEST=True,
+        HI_TAIL=tuple(tile) in SPLIT_HI_TAIL_TILES, WARP_SPECIALIZE=warp_specialize, num_warps=warps,
     )
 
 
@@ -1578,13 +1593,13 @@ def tail_rows(tile, engine: str, family: str) -> int:
     heuristics' reasons report. `engine`: the Gluon engine; `family`: "masked", "contiguous" or
     "indexed"."""
     tile = tuple(tile)
-    if engine == "gluon_ws":
-        return tile[1] // 2 if tile in WS_HALF_TAIL_TILES.get(family, ()) else 0
-    if engine != "gluon_rs":
+    if engine not in ("gluon_rs", "gluon_ws"):
         return 0
-    if family == "masked" and tile in SPLIT_HI_TAIL_TILES:
+    split = GLUON_SPLIT_TILES if engine == "gluon_rs" else GLUON_SPLIT_WS_TILES
+    if family == "masked" and tile in split and tile in SPLIT_HI_TAIL_TILES:
         return _split_rows(tile[1])[0]
-    return tile[1] // 2 if tile in HALF_TAIL_TILES.get(family, ()) else 0
+    half = HALF_TAIL_TILES if engine == "gluon_rs" else WS_HALF_TAIL_TILES
+    return tile[1] // 2 if tile in half.get(family, ()) else 0
 
 
 def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
@@ -1672,17 +1687,22 @@ def compile_configs():
                 # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
                 # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS
                 allowed_ptxas=() if rs else ("C7515",)))
-    for bw, br, warps, stages in GLUON_SPLIT_TILES:
+    for ws, (bw, br, warps, stages) in ([(False, t) for t in GLUON_SPLIT_TILES]
+                                        + [(True, t) for t in GLUON_SPLIT_WS_TILES]):
         hi, lo = _split_rows(br)
         probe = torch.empty(16, 64, dtype=torch.bfloat16)
-        sig = {"x_desc": mangle_type(_act_desc(probe, 64, hi)), "x2_desc": mangle_type(_act_desc(probe, 64, lo)),
+        sig = {"x_desc": mangle_type(_act_desc(probe, 64, hi)),
+               "x2_desc": mangle_type(_act_desc(probe, 64, 2 * hi if ws else lo)),
                **descs(bw), "c_ptr": "*bf16", "route_ptr": "*i32", "N": "i32", "K": "i32", "max_m": "i32",
                "stride_cm": "i32", "row_slots": "i32", "STAGES": "constexpr", "MASKED": "constexpr",
-               "N_FASTEST": "constexpr", "HI_TAIL": "constexpr", "num_warps": "constexpr"}
+               "N_FASTEST": "constexpr", "HI_TAIL": "constexpr", "WARP_SPECIALIZE": "constexpr",
+               "num_warps": "constexpr"}
         cfgs.append(KernelConfig(
-            f"w4a16_masked_sm90_gluon_split[BW={bw},BR={br},w={warps},stages={stages}]", _w4a16_grouped_split_kernel,
+            f"w4a16_masked_sm90_gluon_{'ws_' if ws else ''}split[BW={bw},BR={br},w={warps},stages={stages}]",
+            _w4a16_grouped_split_kernel,
             sig, {"STAGES": stages, "MASKED": True, "N_FASTEST": True,
-                  "HI_TAIL": (bw, br, warps, stages) in SPLIT_HI_TAIL_TILES, "num_warps": warps}, num_warps=warps,
+                  "HI_TAIL": (bw, br, warps, stages) in SPLIT_HI_TAIL_TILES, "WARP_SPECIALIZE": ws,
+                  "num_warps": warps}, num_warps=warps,
             num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
             unaligned=("N", "K", "max_m", "row_slots")))
     kinds = {"gluon": (_w4a16_indexed_sm90_kernel, f"wgmma.wait_group.sync.aligned {_GROUPS.value}"),
