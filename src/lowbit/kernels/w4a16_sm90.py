@@ -885,9 +885,9 @@ def _issue_group_rows(w, xb, acc, acc2, dot_a2: gl.constexpr, SPLIT: gl.constexp
     """One group's asynchronous wgmma(s) of `_ws_groups_partition`: fragment `w` times the ring
     box `xb` (``[BR, 32]``) into `acc`, or with SPLIT its first half of rows into `acc` and the
     next quarter into `acc2`."""
-    if SPLIT:
-        HI: gl.constexpr = acc.shape[1]
-        LO: gl.constexpr = acc2.shape[1]
+    if SPLIT:  # (the ring's rows, not the accumulators': those may be in-flight wgmma results)
+        HI: gl.constexpr = xb.shape[0] // 2
+        LO: gl.constexpr = xb.shape[0] // 4
         acc = warpgroup_mma(w, xb.slice(0, HI).permute((1, 0)), acc, is_async=True)
         acc2 = warpgroup_mma(gl.convert_layout(w, dot_a2), xb.slice(HI, LO).permute((1, 0)), acc2, is_async=True)
     else:
