@@ -110,7 +110,7 @@ def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
         pytest.skip("the gluon engine is the sm_90 kernel")
     g, n, k, max_m = 5, 136, 544, 80
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
-    # 45 rows: a 64-row block's three-quarter tail (`QUARTER_TAIL_TILES`); 7 and 80 - 64: half tails
+    # 45 rows: a 64-row block's three-quarter tail (`WS_TAIL_TILES`); 7 and 80 - 64: half tails
     a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, 45, max_m + 9], gen, "cuda")
     engine, (bw, br, warps, stages) = engine_tile
     cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine=engine)
@@ -374,7 +374,7 @@ def test_gluon_default_where_measured_faster(monkeypatch):
         assert c.engine == engine and c.block_n == (256 if wide else 128), (mode, m, n, c)
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
     assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_ws", 256, 64, 16), m32
-    assert "runs the 32-row tile" in m32.reason, m32  # `WS_HALF_TAIL_TILES`
+    assert "runs the 32-row tile" in m32.reason, m32  # `WS_TAIL_TILES`
     for em, rows in ((8, 16), (16, 32)):
         c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
         assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 64, rows, 4), c
@@ -392,9 +392,9 @@ def test_tail_tiles_are_offered_and_reported():
 
     assert set(sm90.HALF_TAIL_TILES["masked"]) <= set(sm90.GLUON_RS_TILES)
     assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES)
-    for table in (sm90.WS_HALF_TAIL_TILES, sm90.QUARTER_TAIL_TILES):
-        assert set(table["masked"]) <= set(sm90.GLUON_WS_TILES) and set(table["indexed"]) <= set(sm90.INDEXED_WS_TILES)
-        assert all(t[0] == 256 for ts in table.values() for t in ts)
+    table = sm90.WS_TAIL_TILES
+    assert set(table["masked"]) <= set(sm90.GLUON_WS_TILES) and set(table["indexed"]) <= set(sm90.INDEXED_WS_TILES)
+    assert all(t[0] == 256 for ts in table.values() for t in ts)
     assert sm90.tail_rows((256, 64, 16, 3), "gluon_ws", "masked") == 32
     assert sm90.tail_rows((128, 64, 8, 3), "gluon_ws", "masked") == 0
     assert sm90.tail_rows((256, 96, 16, 2), "gluon_ws", "masked") == 64

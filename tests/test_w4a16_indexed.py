@@ -90,7 +90,7 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     same checks as the Triton kernel, every tile of the routing block (the register-A kernel
     also runs 128-row blocks): N and K off the tiles (5 K steps; 9 to wrap the ring), one token,
     experts of ~150 rows (a 128-row block's full and half-row tiles, `HALF_TAIL_TILES`) and of
-    ~44 (a 64-row block's full, half and three-quarter tiles, `QUARTER_TAIL_TILES`), a hot
+    ~44 (a 64-row block's full, half and three-quarter tiles, `WS_TAIL_TILES`), a hot
     expert with routing weights and over-allocated buffers, remote experts and dropped
     routes, and activations whose rows are not 16-byte aligned (refused, not misread)."""
     if torch.cuda.get_device_capability()[0] != 9:
@@ -354,9 +354,9 @@ def test_gluon_default_for_decode(monkeypatch):
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 64, 4), c
     assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
     c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43)
-    # prefill: four warpgroups, warp-specialized (`_WIDE_WS_BLOCKS`)
+    # prefill: four warpgroups, warp-specialized (its tile is in `INDEXED_WS_TILES`)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 256, 16), c
-    assert "runs the 32-row tile (H200 EP8 384" in c.reason, c  # its half-row tail (`WS_HALF_TAIL_TILES`)
+    assert "runs the 32-row tile (H200 EP8 384" in c.reason, c  # its half-row tail (`WS_TAIL_TILES`)
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
     assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)

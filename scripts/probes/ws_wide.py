@@ -1,7 +1,7 @@
 """The four-warpgroup tile 256x64 warp-specialized (`_ws_groups_partition`: a producer partition
 issues the loads, no CTA barrier a step) against its register-A kernel (`_rs_groups_mainloop`:
 every warpgroup retires its step, a CTA barrier, then the refill), with and without its tails
-(`QUARTER_TAIL_TILES`: blocks of at most 32 / 48 live rows multiply only those) -- a probe,
+(`WS_TAIL_TILES`: blocks of at most 32 / 48 live rows multiply only those) -- a probe,
 not a benchmark.
 
     python scripts/probes/ws_wide.py [indexed] [masked] [split] [contiguous]
@@ -33,20 +33,14 @@ which = sys.argv[1:] or ["indexed", "masked", "contiguous"]
 
 
 @contextlib.contextmanager
-def no_tails(*tables):
-    """The warp-specialized kernel without the tails of `tables` (names in `w4a16_sm90`; read at
-    launch, so at capture)."""
-    saved = {t: getattr(sm90, t) for t in tables}
-    for t in tables:
-        setattr(sm90, t, {"masked": (), "indexed": ()})
+def no_tails():
+    """The warp-specialized kernel without its tails (the table is read at launch, so at capture)."""
+    saved = sm90.WS_TAIL_TILES
+    sm90.WS_TAIL_TILES = {"masked": (), "indexed": ()}
     try:
         yield
     finally:
-        for t, v in saved.items():
-            setattr(sm90, t, v)
-
-
-BOTH = ("WS_HALF_TAIL_TILES", "QUARTER_TAIL_TILES")
+        sm90.WS_TAIL_TILES = saved
 
 
 def report(label, outs, t, fl, valid=None):
@@ -70,14 +64,13 @@ if "indexed" in which:
             w = pack_w4a16(make_weight(E, n, kk, "cuda"))
             a = torch.randn(t_tok if top_k == 8 else t_tok * 8, kk, device="cuda").to(torch.bfloat16)
             outs = {v: torch.full((t_tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                    for v in ("rs", "ws", "ws_half", "ws_tail")}
+                    for v in ("rs", "ws", "ws_tail")}
 
-            def launch(o, ws, *off):
-                with no_tails(*off):
+            def launch(o, ws, tails=True):
+                with contextlib.nullcontext() if tails else no_tails():
                     sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
                                                    top_k, None, o, TILE, True, ws)
-            fns = {"rs": lambda o=outs["rs"]: launch(o, False), "ws": lambda o=outs["ws"]: launch(o, True, *BOTH),
-                   "ws_half": lambda o=outs["ws_half"]: launch(o, True, "QUARTER_TAIL_TILES"),
+            fns = {"rs": lambda o=outs["rs"]: launch(o, False), "ws": lambda o=outs["ws"]: launch(o, True, False),
                    "ws_tail": lambda o=outs["ws_tail"]: launch(o, True)}
             report(f"indexed t{t_tok} {proj}", outs, measure_interleaved(fns), 2 * t_tok * 8 * n * kk)
 
@@ -93,15 +86,14 @@ if "masked" in which:
             w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
             a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
             outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda")
-                    for v in ("rs", "ws", "ws_half", "ws_tail")}
+                    for v in ("rs", "ws", "ws_tail")}
 
-            def ws_launch(o, *off):
-                with no_tails(*off):
+            def ws_launch(o, tails=True):
+                with contextlib.nullcontext() if tails else no_tails():
                     sm90.w4a16_grouped_sm90_launch(a, w, counts, o, TILE, 256, regs_a=True, warp_specialize=True)
             fns = {"rs": lambda o=outs["rs"]: sm90.w4a16_grouped_sm90_launch(
                        a, w, counts, o, TILE, 256, regs_a=True, row_slots=sm90.masked_row_slots(1.3 * tok, 256, 64)),
-                   "ws": lambda o=outs["ws"]: ws_launch(o, *BOTH),
-                   "ws_half": lambda o=outs["ws_half"]: ws_launch(o, "QUARTER_TAIL_TILES"),
+                   "ws": lambda o=outs["ws"]: ws_launch(o, False),
                    "ws_tail": lambda o=outs["ws_tail"]: ws_launch(o)}
             report(f"masked {tok} {proj}", outs, measure_interleaved(fns), 2 * int(counts.sum()) * n * kk, valid)
 

@@ -132,13 +132,18 @@ def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
     return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
 
 
-def pick_gluon_tile(tiles: tuple, rows: int, cfg: W4A16Config, env: tuple) -> tuple[int, int, int, int]:
+def pick_gluon_tile(tiles: tuple, rows: int, cfg: W4A16Config, env: tuple,
+                    wide: bool = False) -> tuple[int, int, int, int]:
     """A Gluon engine's tile ``(weight rows, rows, warps, stages)`` with `rows` rows: the first
-    one (each table lists its default first per row count) that matches the ``_BLOCK_N`` and
-    ``_NUM_STAGES`` overrides set in `env` (the family's `env_key`, whose values `cfg` carries);
-    the row count's default when none matches, the table's first tile when no tile has `rows`."""
+    one (each table lists its default first per row count; with `wide`, the heuristics chose the
+    four-warpgroup tile, so its 256-weight-row tiles come first) that matches the ``_BLOCK_N``
+    and ``_NUM_STAGES`` overrides set in `env` (the family's `env_key`, whose values `cfg`
+    carries); the row count's default when none matches, the table's first tile when no tile has
+    `rows`."""
     forced_n = env_value(env, "block_n")
     forced_stages = env_value(env, "num_stages")
+    if wide:
+        tiles = tuple(t for t in tiles if t[0] == 256) + tuple(tiles)
     same_rows = [t for t in tiles if t[1] == rows]
     fits = [t for t in same_rows
             if (not forced_n or t[0] == cfg.block_n) and (not forced_stages or t[3] == cfg.num_stages)]

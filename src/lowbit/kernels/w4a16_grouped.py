@@ -124,13 +124,6 @@ def _tile_for_rows(rows: float) -> int:
 #: 32 tok/expert (x64 tiles) 485.6 vs 470.8 and 292.4 vs 245.6; 64 tok 705.5 vs 622.4 and
 #: 386.5 vs 335.7.
 _WIDE_MIN_ROWS = 64
-#: Masked M tiles whose four-warpgroup tile runs warp-specialized, with its half and
-#: three-quarter tails (`w4a16_sm90.WS_HALF_TAIL_TILES`, `QUARTER_TAIL_TILES`). H200, eighteenth
-#: session (`scripts/probes/ws_wide.py`, interleaved, bit-identical valid rows, us, gate_up /
-#: down): masked 32 tok/expert (22-42 rows) register-A 256x64 with its half tail 384.8 / 218.2,
-#: warp-specialized with tails 352.7 / 212.7 (without 382.6 / 232.8). Masked 64 keeps the split
-#: 96 tile (459.9 / 253.3 against 482.8 / 288.5).
-_WIDE_WS_ROWS = (64,)
 #: The masked heuristics' spread of real counts around expected_m (DeepGEMM's rule): the M tile
 #: and the Gluon grid's programs an expert (`w4a16_sm90.masked_row_slots`) hold 1.3x expected_m.
 MASKED_SPREAD = 1.3
@@ -152,14 +145,16 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
     cfg = tile_config(bm, why)
     split, wide = 0, False
     if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
-        from .w4a16_sm90 import split_tile_rows, wide_tile_pays
+        from .w4a16_sm90 import GLUON_WS_TILES, split_tile_rows, wide_tile_pays
 
         # masked past 64 expected rows: one split tile an expert (80 / 96 rows) instead of two 64-row ones
         split = split_tile_rows(MASKED_SPREAD * expected_m) if mode == "masked" else 0
         # the Gluon contiguous tile takes whole 128-row segments; masked: the live blocks of each expert
         row_blocks = m // CONTIGUOUS_ALIGNMENT if mode == "contiguous" else g * max(1, -(-expected_m // (split or bm)))
         wide = wide_tile_pays(row_blocks, n)
-        if wide and mode == "masked" and not split and bm in _WIDE_WS_ROWS and not env[0]:
+        # a masked four-warpgroup tile runs warp-specialized where that engine has it (`GLUON_WS_TILES`)
+        wide_ws = mode == "masked" and not split and (256, bm) in {t[:2] for t in GLUON_WS_TILES}
+        if wide and wide_ws and not env[0]:
             cfg = replace(cfg, engine="gluon_ws", reason=f"{why}; sm_90: warp-specialized register-A Gluon kernel, "
                           "256 weight rows a CTA (H200 EP8 masked 32 tok/expert: 1.03-1.09x the register-A one)")
         elif wide:
@@ -224,14 +219,12 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False) -> 
     if cfg.engine not in GLUON_ENGINES:
         raise ValueError(f"LOWBIT_W4A16_GROUPED_ENGINE must be 'triton' or one of {GLUON_ENGINES}, got {cfg.engine!r}")
     tiles = _engine_tiles(cfg.engine, mode)
-    if wide:
-        tiles = tuple(t for t in tiles if t[0] == 256) + tiles
     if env[0] or mode == "masked":  # env[0]: the BLOCK_M override
         # the smallest tile row count holding the M tile (register-A: 16 to 128 rows)
         rows = min((t[1] for t in tiles if t[1] >= cfg.block_m), default=max(t[1] for t in tiles))
     else:
         rows = CONTIGUOUS_ALIGNMENT
-    bw, br, warps, stages = pick_gluon_tile(tiles, rows, cfg, env)
+    bw, br, warps, stages = pick_gluon_tile(tiles, rows, cfg, env, wide)
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages")
 

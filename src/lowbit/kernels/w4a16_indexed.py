@@ -184,10 +184,6 @@ _GLUON_BLOCKS = (
 #: kept up only at 256 tokens (780.2; 1024 tokens 2314.3). The 16-row decode block has no
 #: two-warpgroup tile worth running (128x16 with a producer: 0.70-0.73x the 64x16 tile).
 _WS_BLOCKS = (64, 128)
-#: ... and the routing blocks whose four-warpgroup tile runs warp-specialized too (64: 1.12-1.15x
-#: its register-A kernel, eighteenth session; `w4a16_sm90.INDEXED_WS_TILES` has the numbers and
-#: why 128 cannot).
-_WIDE_WS_BLOCKS = (64,)
 
 
 def _gluon_runs(block_m: int, tok_e: float) -> bool:
@@ -237,7 +233,10 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
         wide = k > 256 and wide_tile_pays(blocks, n)
-        ws = block_m in _WS_BLOCKS and (not wide or block_m in _WIDE_WS_BLOCKS)
+        from .w4a16_sm90 import INDEXED_WS_TILES
+
+        # a four-warpgroup tile runs warp-specialized where that engine has it (`INDEXED_WS_TILES`)
+        ws = block_m in _WS_BLOCKS and (not wide or (256, block_m) in {t[:2] for t in INDEXED_WS_TILES})
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
     else:
         wide = False
@@ -270,13 +269,11 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False) -> W4A
     from .w4a16_sm90 import NLOOP_N_TILES, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
-    if wide:  # the four-warpgroup tile of the routing block first (`wide_tile_pays`)
-        tiles = tuple(t for t in tiles if t[0] == 256) + tiles
     if engine in REGISTER_A_ENGINES and k <= 256:
         # one K step: the routing block's N-loop tile first (H200, sixteenth session, TP8 down: 128x16
         # 1.50-1.65x the 64x16 tile at 4-50 tokens; 128x32 2.69x it at 1024)
         tiles = tuple(t for t in tiles if runs_nloop(t, k)) + tiles
-    bw, _, warps, stages = pick_gluon_tile(tiles, cfg.block_m, cfg, env)
+    bw, _, warps, stages = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide)
 
     tile = (bw, cfg.block_m, warps, stages)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):

@@ -88,7 +88,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .sm90 import H200_NUM_SMS
 from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
 
-__all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
+__all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "WS_TAIL_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
            "split_tile_rows", "tail_rows", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
@@ -148,6 +148,12 @@ GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 6
 #: H200 2026-11-29 (`scripts/probes/ws_grouped.py`, Kimi EP8 contiguous gate_up, CUDA graph,
 #: bit-identical to `gluon_rs`): 128 rows/expert 128x128 767.8 vs 894.7 us (1.17x), 128x64
 #: 970.5 vs 1163.2 (1.20x); 256 rows/expert 128x128 1599.4 vs 1803.5 (1.13x).
+#: And the four-warpgroup 256x64 (`_ws_groups_partition`, with `WS_TAIL_TILES`; 96 registers, the
+#: indexed tile below has the limits): the masked 64-row M tile's default where 256-row programs
+#: fill two waves. H200, eighteenth session (`scripts/probes/ws_wide.py`, interleaved,
+#: bit-identical valid rows, us, gate_up / down): masked 32 tok/expert (22-42 rows) register-A
+#: 256x64 with its half tail 384.4 / 219.5, warp-specialized with tails 352.8 / 213.6. Not for
+#: contiguous (0.69-0.70x 256x128, which it cannot replace) nor masked 64 (0.87-0.90x the split 96).
 GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8) + ((256, 64, 16, 3),)
 #: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
 #: register-A tiles, the routed rows gathered by the producer warp's cp.async; and the
@@ -993,7 +999,7 @@ def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K,
                       WARP_SPECIALIZE: gl.constexpr = False, QUARTER: gl.constexpr = False):
     """One row block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE): rows ``r0 ..``
     (as many as `x_desc`'s box) by TMA, multiplied and stored; with QUARTER (warp-specialized
-    four-warpgroup tiles) only the first three quarters of them (`QUARTER_TAIL_TILES`)."""
+    four-warpgroup tiles) only the first three quarters of them (`WS_TAIL_TILES`)."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR // 2 if QUARTER else BR, 16])
@@ -1030,7 +1036,7 @@ def _w4a16_grouped_rs_kernel(
     rows), so its wgmmas do not multiply rows that are never stored (`HALF_TAIL_TILES`);
     `xh_desc` is unused otherwise. QUARTER_TAIL (masked, warp-specialized four-warpgroup tiles): a
     block whose live rows end in its first three quarters multiplies only those
-    (`QUARTER_TAIL_TILES`)."""
+    (`WS_TAIL_TILES`)."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(MASKED or not HALF_TAIL, "HALF_TAIL: masked layout only")
@@ -1214,7 +1220,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
-    the first three quarters of them multiplied (`QUARTER_TAIL_TILES`)."""
+    the first three quarters of them multiplied (`WS_TAIL_TILES`)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR // 2 if QUARTER else BR, 16])
     wrow = e * N + n0
@@ -1254,7 +1260,7 @@ def _w4a16_indexed_rs_kernel(
     `moe_align_block_size` puts an expert's routes first) runs the BR / 2-row tile instead
     (X_HALF_LAYOUT: its gather layout), so its wgmmas do not multiply the padding
     (`HALF_TAIL_TILES`). QUARTER_TAIL (warp-specialized four-warpgroup tiles): a block with no
-    route in its last quarter multiplies only its first three quarters (`QUARTER_TAIL_TILES`)."""
+    route in its last quarter multiplies only its first three quarters (`WS_TAIL_TILES`)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
     pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
@@ -1570,26 +1576,29 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int, warp_speciali
 HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4)), "indexed": ((256, 128, 16, 2),)}
 
 
-#: `HALF_TAIL_TILES` of the warp-specialized kernels (the four-warpgroup tiles; the tail is a
-#: second `_ws_mainloop` region in the same program).
-WS_HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
-#: Warp-specialized four-warpgroup tiles whose row blocks with no live row in their last quarter
-#: multiply only the first three (QUARTER_TAIL: a BR/2 + BR/4 split of the accumulator).
-QUARTER_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
+#: The warp-specialized (four-warpgroup) tiles' tails, each a second `_ws_mainloop` region in the
+#: same program: a row block with no live row in its second half runs the half-row tile
+#: (HALF_TAIL), one with none in its last quarter multiplies only its first three quarters
+#: (QUARTER_TAIL: a BR/2 + BR/4 split of the accumulator). H200, eighteenth session
+#: (`scripts/probes/ws_wide.py`, us, gate_up / down, no tails -> half only -> both): indexed
+#: 256 tokens 387.4 / 228.8 -> 396.8 / 232.8 -> 388.5 / 227.2; 384 tokens 572.5 / 313.2 ->
+#: 552.9 / 308.7 -> 540.5 / 304.1; masked 32 tok/expert 384.4 / 234.0 -> 355.3 / 215.7 -> 352.8 /
+#: 213.6. Only both are offered.
+WS_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
 
 
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
-    tiles = WS_HALF_TAIL_TILES if warp_specialize else HALF_TAIL_TILES
+    tiles = WS_TAIL_TILES if warp_specialize else HALF_TAIL_TILES
     return tuple(tile) in tiles[family]
 
 
 def _quarter_tail(tile, warp_specialize: bool, family: str) -> bool:
-    return warp_specialize and tuple(tile) in QUARTER_TAIL_TILES[family]
+    return warp_specialize and tuple(tile) in WS_TAIL_TILES[family]
 
 
 def tail_rows(tile, engine: str, family: str) -> int:
     """The rows of the smaller tile that a block of `tile` whose live rows end early runs instead
-    (`HALF_TAIL_TILES`, `WS_HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`), 0 if none: what the
+    (`HALF_TAIL_TILES`, `WS_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`), 0 if none: what the
     heuristics' reasons report. `engine`: the Gluon engine; `family`: "masked", "contiguous" or
     "indexed"."""
     tile = tuple(tile)
@@ -1598,7 +1607,7 @@ def tail_rows(tile, engine: str, family: str) -> int:
     split = GLUON_SPLIT_TILES if engine == "gluon_rs" else GLUON_SPLIT_WS_TILES
     if family == "masked" and tile in split and tile in SPLIT_HI_TAIL_TILES:
         return _split_rows(tile[1])[0]
-    half = HALF_TAIL_TILES if engine == "gluon_rs" else WS_HALF_TAIL_TILES
+    half = HALF_TAIL_TILES if engine == "gluon_rs" else WS_TAIL_TILES
     return tile[1] // 2 if tile in half.get(family, ()) else 0
 
 
