@@ -208,9 +208,9 @@ def test_bad_input(gen, device):
         w4a16_indexed(a, pw, *args, config=w4a16_indexed_config(8, 3, 32, 256, block_m=64))
     with pytest.raises(FormatError, match="masked"):
         w4a16_indexed(a, pack_w4a16(wq, profile="masked").to(device), *args)
-    r8 = routing.moe_align_block_size(ids, 8, 3)  # a block size no validated config has
-    with pytest.raises(ValueError, match="block_m=8"):
-        w4a16_indexed(a, pw, r8.sorted_token_ids, r8.expert_ids, r8.num_tokens_post_padded, 2)
+    r24 = routing.moe_align_block_size(ids, 24, 3)  # a block size no engine has a tile for
+    with pytest.raises(ValueError, match="block_m=24"):
+        w4a16_indexed(a, pw, r24.sorted_token_ids, r24.expert_ids, r24.num_tokens_post_padded, 2)
     with pytest.raises(FormatError, match="group"):
         pack_w4a16(wq.codes, torch.ones(3, 32, 4, dtype=torch.bfloat16))  # group 64 scales
     with pytest.raises(FormatError, match="uint8"):
@@ -333,17 +333,31 @@ def test_tiles_with_n_off_16(block, gen, device):
 
 def test_gluon_default_for_decode(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, N % 8 == 0, aligned rows) the register-A Gluon kernel is
-    the default at every tok_e (it measured faster everywhere): the 16-row routing block up to
-    tok_e 10, the 32-row block (64x32 tile) up to 32, the 64-row block from there, the 128-row
-    block from tok_e 85 (its half-empty blocks on the 64-row tile, said in the reason). A
-    one-step K (TP8 down) runs the block's N-loop tile. A routing block
-    fixed by the caller stays; 128-row blocks exist only on the Gluon kernel; an engine override
-    wins."""
-    for routes in (8, 32, 160, 400):  # EP8 1 / 4 / 20 / 50 tokens
+    the default at every tok_e (it measured faster everywhere): for EP the 8-row routing block up
+    to tok_e 4 (the group-loop tile, or its 3-stage step-loop alternative where the grid is
+    thin: one token's gate_up), the 16-row block up to tok_e 10 (from tok_e 0 for TP), the
+    32-row block (64x32 tile) up to 32, the 64-row block from there, the 128-row block from
+    tok_e 85 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
+    down) runs the block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
+    blocks exist only on the Gluon kernel; an engine override wins."""
+    from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
+
+    for routes, n, k, stages in ((8, 4096, 7168, 3), (8, 7168, 2048, 2), (32, 4096, 7168, 2),
+                                 (160, 7168, 2048, 2)):  # EP8 1 / 1 / 4 / 20 tokens
+        c = w4a16_indexed_config(routes, 48, n, k, gluon=True)
+        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 8, 64, stages, 1), c
+        assert ((64, 8, 4, stages) in GROUP_LOOP_MAXNREG) == ("the whole-step loop" not in c.reason), c.reason
+        assert "K shares" not in c.reason, c.reason  # no split-K on the Gluon kernel
+        assert w4a16_indexed_config(routes, 48, n, k).block_m == 16  # off Hopper: the Triton decode tile
+    monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", "2")  # a forced stage count beats the thin-grid rule
+    assert w4a16_indexed_config(8, 48, 4096, 7168, gluon=True).num_stages == 2
+    monkeypatch.delenv("LOWBIT_W4A16_NUM_STAGES")
+    for routes in (256, 400):  # EP8 32 / 50 tokens
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 16, 64, 3, 1), c
         assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
-        assert "K shares" not in c.reason, c.reason  # no split-K on the Gluon kernel
+    c = w4a16_indexed_config(8, 384, 512, 7168, gluon=True)  # TP8 1 token: the 16-row block
+    assert (c.engine, c.block_m, c.block_n) == ("gluon_rs", 16, 64), c
     c = w4a16_indexed_config(160, 384, 7168, 256, gluon=True)  # TP8 20 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 16, 128, 8) and "N-loop" in c.reason, c
     c = w4a16_indexed_config(8192, 384, 512, 7168, gluon=True)  # TP8 1024 tokens (tok_e 21)

@@ -121,7 +121,9 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   509.2 -> 468.2, down 287.1 -> 261.8; 1024 tokens 1364.0 -> 1243.0 and 727.2 -> 649.7; TP8 8192
 #:   tokens gate_up 1364.0 -> 1191.9. 256x16 at 20 tokens: 0.80x / 0.74x the 64x16 tile (not kept);
 #:   64-row blocks at 1024 tokens: 0.84-0.87x the 128-row ones on the 256-row tile too.
-INDEXED_RS_TILES = ((64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
+#: 8-row block, nineteenth session (`scripts/probes/decode_blocks.py`): see `GROUP_LOOP_MAXNREG`.
+INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3),
+                    (64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
                     (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
                     (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
@@ -166,6 +168,25 @@ GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8) + ((256, 64, 16, 
 #: the grouped layouts: masked 32 tok/expert 0.94-1.00x the register-A kernel with its half tail,
 #: masked 64 0.83-0.86x the split 96 tile, contiguous 128 rows 0.69-0.70x 256x128.
 INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 16, 3),)
+#: One-warpgroup register-A tiles on the group-at-a-time loop (`_rs_groups_mainloop`: 8 fragment
+#: registers a group instead of a whole step's 64, twice), with their ptxas register cap
+#: (``maxnreg``): 64 registers and a 2-stage ring of 8-row blocks (26 KB) fit eight CTAs an SM,
+#: where the step loop's ~128 registers allow four. More CTAs an SM, not a deeper ring, is
+#: what streams the decode weights: H200, nineteenth session (`scripts/probes/decode_blocks.py`,
+#: one process, interleaved, bit-identical, Kimi EP8 gate_up / down, us): 4 tokens 64x16 (the
+#: step loop, 3 stages, 4 CTAs an SM) 122.2 / 65.2, 64x8 step loop 3 stages 116.9 / 61.8, 64x8
+#: group loop 3 stages (5 CTAs) 118.0 / 60.8, 2 stages (8 CTAs) 113.4 / 59.8; 8 tokens 203.8 /
+#: 111.9 -> 187.6 / 99.6 (2 stages); 16 tokens 225.0 / 125.8 -> 207.6 / 111.8. At 32 tokens
+#: (5.3 routes an expert) the 8-row blocks lose (262.4 / 138.3 against 256.3 / 140.8). A grid
+#: too thin to fill the eight slots runs `THIN_GRID_TILES` instead.
+GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64}
+#: A group-loop tile's deeper-ring alternative (the step loop, 3 stages) for grids of fewer than
+#: `GROUP_LOOP_MIN_PROGRAMS` programs: with about four programs an SM, a 2-stage ring has too few
+#: bytes in flight. H200, nineteenth session, Kimi EP8 one token: gate_up (512 programs) 64x8
+#: 2 stages 74.3 us, 3 stages 50.1 (64x16: 51.7); down (896 programs) 2 stages 30.6, 3 stages
+#: 31.8 (64x16: 33.2).
+THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3)}
+GROUP_LOOP_MIN_PROGRAMS = 6 * H200_NUM_SMS
 #: Four-warpgroup masked tiles whose rows are not a power of two (`_w4a16_grouped_split_kernel`,
 #: two accumulators), (weight rows, rows, warps, stages): 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32.
 #: Humming 0.1.20 picks 40-48 and 80-88-row tiles there. H200, thirteenth session
@@ -587,12 +608,13 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 @gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
-                 SPLIT_ACC: gl.constexpr = False):
+                 SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False):
     """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
     whole step's fragments twice (`_rs_steps_mainloop`, which SPLIT_ACC gives two accumulators);
-    four-warpgroup tiles (256 weight rows) dequantize one group at a time (`_rs_groups_mainloop`).
+    four-warpgroup tiles (256 weight rows), and with GROUP_LOOP one-warpgroup tiles under a
+    register cap (`GROUP_LOOP_MAXNREG`), dequantize one group at a time (`_rs_groups_mainloop`).
     Same arguments and result."""
-    if w_desc.block_type.shape[0] > 128:
+    if w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
                                   GATHER, x_l)
     else:
@@ -673,6 +695,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
     """`_rs_steps_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
     bytes a FLOP of the 128-row tiles (each activation block read once for 256 weight rows).
+    Also the one-warpgroup decode tiles of `GROUP_LOOP_MAXNREG`: 64 registers, eight CTAs an SM.
     At 16 warps a thread has 128 registers: the accumulator takes 64, so a step's fragments
     cannot be held twice (128) as `_rs_steps_mainloop` does; a step is dequantized one group at a time
     instead, group g + 1 while group g's wgmma runs (8 fragment registers each). Warp
@@ -1216,7 +1239,7 @@ def _w4a16_indexed_sm90_kernel(
 def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k, stride_am,
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
-                      QUARTER: gl.constexpr = False):
+                      QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
@@ -1238,7 +1261,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
     else:
         row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
-                           X_LAYOUT)
+                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
 
 
@@ -1248,9 +1271,10 @@ def _w4a16_indexed_rs_kernel(
     N, K, num_routes, top_k, stride_am, stride_cm,
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
-    QUARTER_TAIL: gl.constexpr, num_warps: gl.constexpr,
+    QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """The indexed layout on the register-A main loop (`_rs_mainloop`): the routed rows (row
+    """The indexed layout on the register-A main loop (`_rs_mainloop`; GROUP_LOOP: one group at a
+    time, `GROUP_LOOP_MAXNREG`): the routed rows (row
     ``id // top_k`` of route ``id``) are gathered by cp.async into the same STAGES-deep ring
     as the words, so no register holds them and routing blocks of up to 128 rows fit beside
     two sets of A fragments. Grid, early exits and output rows as `_w4a16_indexed_sm90_kernel`.
@@ -1288,7 +1312,8 @@ def _w4a16_indexed_rs_kernel(
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, True, True)
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
-                          stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE)
+                          stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
+                          GROUP_LOOP=GROUP_LOOP)
 
 
 @gluon.jit
@@ -1625,7 +1650,8 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     return {"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
             "X_HALF_LAYOUT": _gather_layout(br // 2, _WS_GATHER_WARPS.value if warp_specialize else warps)
-            if half else None, "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed")}
+            if half else None, "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"),
+            "GROUP_LOOP": not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG}
 
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
@@ -1648,6 +1674,8 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
+    if extra.get("GROUP_LOOP"):
+        extra["maxnreg"] = GROUP_LOOP_MAXNREG[tuple(tile)]
     n_fastest = _n_fastest(br)
     kernel[_grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
@@ -1736,6 +1764,7 @@ def compile_configs():
                 {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_FASTEST": _n_fastest(br), "num_warps": warps,
                  **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
+                maxnreg=GROUP_LOOP_MAXNREG[(bw, br, warps, stages)] if extra.get("GROUP_LOOP") else None,
                 unaligned=("N", "K", "num_routes", "top_k")))
     for bw, br, warps, stages in NLOOP_TILES:
         for mul in (False, True):
