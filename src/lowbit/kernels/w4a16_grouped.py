@@ -170,7 +170,9 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
                       "the Triton kernel at 8-32 tok/expert)")
     # the block_m override (first field of the env key) pins the Gluon tile's rows too; an
     # engine override replaces the default engine (the Triton tile is the base config)
-    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env, wide)
+    # masked decode grids: about one program an expert and N tile of 64 weight rows (`group_loop_tile`)
+    programs = g * triton.cdiv(n, 64) if mode == "masked" else float("inf")
+    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env, wide, programs)
     if split and cfg.engine == "gluon_rs" and cfg.block_n == 256 and not env[0]:
         # the split tile only where the four-warpgroup kernel runs and no BLOCK_M was asked for;
         # its warp-specialized form where one holds the rows, unless an engine was asked for
@@ -207,13 +209,16 @@ def _engine_tiles(engine: str, mode: str) -> tuple:
     return {"gluon": GLUON_TILES, "gluon_rs": GLUON_RS_TILES, "gluon_ws": GLUON_WS_TILES}[engine] + split
 
 
-def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
+                programs: float = float("inf")) -> W4A16Config:
     """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's
     tile with 128 rows for contiguous (a whole segment: each weight tile read once per segment),
     for masked the smallest tile rows holding the M tile the heuristic chose, or the rows that
     ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for; ``_BLOCK_N`` (weight rows) and ``_NUM_STAGES``
     pick among that kernel's tiles when set. `wide`: the heuristics chose the four-warpgroup tile
-    (256 weight rows), which then comes first. The reason says what was chosen."""
+    (256 weight rows), which then comes first. `programs`: the grid's size, about, for a
+    group-loop tile (`w4a16_sm90.group_loop_tile`, unless a stage count is forced). The reason
+    says what was chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
@@ -224,9 +229,14 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False) -> 
         rows = min((t[1] for t in tiles if t[1] >= cfg.block_m), default=max(t[1] for t in tiles))
     else:
         rows = CONTIGUOUS_ALIGNMENT
-    bw, br, warps, stages = pick_gluon_tile(tiles, rows, cfg, env, wide)
+    tile, note = pick_gluon_tile(tiles, rows, cfg, env, wide), ""
+    if cfg.engine == "gluon_rs" and not env_value(env, "num_stages"):
+        from .w4a16_sm90 import group_loop_tile
+
+        tile, note = group_loop_tile(tile, programs)
+    bw, br, warps, stages = tile
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
-                   reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages")
+                   reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages{note}")
 
 
 def w4a16_grouped_config(mode: str, m: int, n: int, k: int, g: int, expected_m: int = 0,

@@ -237,14 +237,14 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         cfg = replace(tile_config(block_m, why), split_k=split)
     else:  # a routing block only the register-A Gluon kernel runs
         cfg = W4A16Config(block_m, 128, 8, 2, True, engine="gluon_rs", reason=why)
-    thin = False
+    programs = float("inf")
     if rs:  # prefill blocks: the four-warpgroup tile (the 256 weight rows' grid permitting), or for a
         # one-step K the N loop (warp-specialized 128-row tiles)
-        from .w4a16_sm90 import GROUP_LOOP_MIN_PROGRAMS, wide_tile_pays
+        from .w4a16_sm90 import wide_tile_pays
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
         wide = k > 256 and wide_tile_pays(blocks, n)
-        thin = blocks * triton.cdiv(n, 64) < GROUP_LOOP_MIN_PROGRAMS  # (a group-loop tile's 64-row grid)
+        programs = blocks * triton.cdiv(n, 64)  # (a group-loop tile's 64-row grid)
         from .w4a16_sm90 import INDEXED_WS_TILES
 
         # a four-warpgroup tile runs warp-specialized where that engine has it (`INDEXED_WS_TILES`)
@@ -252,7 +252,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
     else:
         wide = False
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, thin), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs), n)
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -262,14 +262,16 @@ def _engine_tiles(engine: str) -> tuple:
     return {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
 
 
-def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False, thin: bool = False) -> W4A16Config:
+def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
+                programs: float = float("inf")) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
     ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
     tile for (64) runs the shared-memory Gluon kernel. `wide`: the heuristics chose the
-    routing block's four-warpgroup tile (256 weight rows), which then comes first. `thin`: too few
-    programs for a group-loop tile's eight CTAs an SM, which then runs its deeper-ring alternative
-    (`w4a16_sm90.THIN_GRID_TILES`) unless a stage count is forced. The reason says what was chosen."""
+    routing block's four-warpgroup tile (256 weight rows), which then comes first. `programs`:
+    the grid's size, about; too few for a group-loop tile's eight CTAs an SM run its deeper-ring
+    alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced. The reason says
+    what was chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
@@ -279,30 +281,24 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False, thin: 
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import (GROUP_LOOP_MAXNREG, GROUP_LOOP_MIN_PROGRAMS, NLOOP_N_TILES, THIN_GRID_TILES, runs_nloop,
-                             tail_rows)
+    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
         # one K step: the routing block's N-loop tile first (H200, sixteenth session, TP8 down: 128x16
         # 1.50-1.65x the 64x16 tile at 4-50 tokens; 128x32 2.69x it at 1024)
         tiles = tuple(t for t in tiles if runs_nloop(t, k)) + tiles
-    tile = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide)
-    if thin and engine == "gluon_rs" and not env_value(env, "num_stages"):
-        tile = THIN_GRID_TILES.get(tile, tile)
+    tile, note = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide), ""
+    if engine == "gluon_rs" and not env_value(env, "num_stages"):
+        tile, note = group_loop_tile(tile, programs)
     bw, _, warps, stages = tile
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
         variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
     elif tail := tail_rows(tile, engine, "indexed"):
         measured = "384 tokens: 1.03-1.06x" if engine == "gluon_ws" else "1024 tokens: 1.09x"
         variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 {measured})"
-    elif engine == "gluon_rs" and tile in GROUP_LOOP_MAXNREG:
-        variant = f"; one K group at a time, {GROUP_LOOP_MAXNREG[tile]} registers: 8 CTAs an SM"
-    elif engine == "gluon_rs" and tile in THIN_GRID_TILES.values():
-        variant = (f"; under {GROUP_LOOP_MIN_PROGRAMS} programs the whole-step loop, {stages} stages (H200 EP8 1 "
-                   f"token gate_up: 50.1 us vs 74.3 at 2 stages)")
     else:
-        variant = ""
+        variant = note
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{variant}")
 

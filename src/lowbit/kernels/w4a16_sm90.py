@@ -142,7 +142,8 @@ INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3),
 #: and not kept (same process): masked 8 tok/expert 256x16 0.94x / 0.87x (gate_up / down) the
 #: 64x16 tile; 16 tok 256x32 1.01x / 1.05x the 64x32; 32 tok 256x32 0.83x / 0.79x the 256x64.
 GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
-                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4))
+                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4),
+                  (128, 16, 8, 4))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
@@ -179,13 +180,17 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: 111.9 -> 187.6 / 99.6 (2 stages); 16 tokens 225.0 / 125.8 -> 207.6 / 111.8. At 32 tokens
 #: (5.3 routes an expert) the 8-row blocks lose (262.4 / 138.3 against 256.3 / 140.8). A grid
 #: too thin to fill the eight slots runs `THIN_GRID_TILES` instead.
-GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64}
+#: The grouped masked 16-row tile likewise (six CTAs an SM by its 35 KB ring; its row-block
+#: loop needs 72 registers, 64 spill 16 bytes), 8 tok/expert, counts 6-10: 64x16 3 stages (step
+#: loop, 4 CTAs an SM) 285.1 / 153.0 us, group loop 2 stages 242.0 / 123.5 (1.18x / 1.24x, at 64
+#: registers), 246.7 / 126.4 at 80, 3 stages 258.1 / 135.9.
+GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72}
 #: A group-loop tile's deeper-ring alternative (the step loop, 3 stages) for grids of fewer than
 #: `GROUP_LOOP_MIN_PROGRAMS` programs: with about four programs an SM, a 2-stage ring has too few
 #: bytes in flight. H200, nineteenth session, Kimi EP8 one token: gate_up (512 programs) 64x8
 #: 2 stages 74.3 us, 3 stages 50.1 (64x16: 51.7); down (896 programs) 2 stages 30.6, 3 stages
 #: 31.8 (64x16: 33.2).
-THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3)}
+THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3), (64, 16, 4, 2): (64, 16, 4, 3)}
 GROUP_LOOP_MIN_PROGRAMS = 6 * H200_NUM_SMS
 #: Four-warpgroup masked tiles whose rows are not a power of two (`_w4a16_grouped_split_kernel`,
 #: two accumulators), (weight rows, rows, warps, stages): 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32.
@@ -1019,7 +1024,8 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
 @gluon.jit
 def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
                       STAGES: gl.constexpr, MASKED: gl.constexpr, SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr = False, QUARTER: gl.constexpr = False):
+                      WARP_SPECIALIZE: gl.constexpr = False, QUARTER: gl.constexpr = False,
+                      GROUP_LOOP: gl.constexpr = False):
     """One row block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE): rows ``r0 ..``
     (as many as `x_desc`'s box) by TMA, multiplied and stored; with QUARTER (warp-specialized
     four-warpgroup tiles) only the first three quarters of them (`WS_TAIL_TILES`)."""
@@ -1038,7 +1044,7 @@ def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K,
                            x_l=mma)[0]  # x_l: any layout, no gather
     else:
         acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, srow, n0, K, mma, BR, STAGES, False, mma,
-                           SPLIT_ACC)
+                           SPLIT_ACC, GROUP_LOOP)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
@@ -1047,7 +1053,8 @@ def _w4a16_grouped_rs_kernel(
     x_desc, xh_desc, w_desc, s_desc, c_ptr, route_ptr,
     N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
-    SPLIT_ACC: gl.constexpr, HALF_TAIL: gl.constexpr, QUARTER_TAIL: gl.constexpr, num_warps: gl.constexpr,
+    SPLIT_ACC: gl.constexpr, HALF_TAIL: gl.constexpr, QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
@@ -1059,7 +1066,7 @@ def _w4a16_grouped_rs_kernel(
     rows), so its wgmmas do not multiply rows that are never stored (`HALF_TAIL_TILES`);
     `xh_desc` is unused otherwise. QUARTER_TAIL (masked, warp-specialized four-warpgroup tiles): a
     block whose live rows end in its first three quarters multiplies only those
-    (`WS_TAIL_TILES`)."""
+    (`WS_TAIL_TILES`). GROUP_LOOP: one K group at a time (`GROUP_LOOP_MAXNREG`)."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(MASKED or not HALF_TAIL, "HALF_TAIL: masked layout only")
@@ -1086,10 +1093,10 @@ def _w4a16_grouped_rs_kernel(
             r0 = base + rb
             if HALF_TAIL and valid - rb <= BR // 2:
                 _grouped_rs_block(xh_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
-                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, GROUP_LOOP=GROUP_LOOP)
             else:
                 _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
-                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps)
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, GROUP_LOOP=GROUP_LOOP)
 
 
 @gluon.jit
@@ -1402,6 +1409,21 @@ def wide_tile_pays(row_blocks: float, n: int) -> bool:
     return row_blocks * triton.cdiv(n, 256) >= WIDE_TILE_MIN_PROGRAMS
 
 
+def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
+    """The register-A tile to run in place of the heuristics' `tile` for a grid of about
+    `programs` programs, and a note for their reason: a group-loop tile (`GROUP_LOOP_MAXNREG`)
+    on a grid under `GROUP_LOOP_MIN_PROGRAMS` runs its deeper-ring alternative
+    (`THIN_GRID_TILES`)."""
+    tile = tuple(tile)
+    if tile in THIN_GRID_TILES and programs < GROUP_LOOP_MIN_PROGRAMS:
+        return THIN_GRID_TILES[tile], (f"; under {GROUP_LOOP_MIN_PROGRAMS} programs the whole-step loop, "
+                                       f"{THIN_GRID_TILES[tile][3]} stages (H200 EP8 1 token gate_up: 50.1 us vs "
+                                       f"74.3 at 2 stages)")
+    if tile in GROUP_LOOP_MAXNREG:
+        return tile, f"; one K group at a time, {GROUP_LOOP_MAXNREG[tile]} registers: 6-8 CTAs an SM"
+    return tile, ""
+
+
 def runs_nloop(tile: tuple, k: int) -> bool:
     """Whether a register-A indexed `tile` runs as the N-loop kernel for this K (one 256-wide
     step, a two-warpgroup tile): the launcher's rule, which the heuristics' reason reports."""
@@ -1485,7 +1507,9 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     slots = _slots(max_m, br, row_slots)
     blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
-    if regs_a and tuple(tile) in GROUPED_MAXNREG:
+    if extra.get("GROUP_LOOP"):
+        extra["maxnreg"] = GROUP_LOOP_MAXNREG[tuple(tile)]
+    elif regs_a and tuple(tile) in GROUPED_MAXNREG:
         extra["maxnreg"] = GROUPED_MAXNREG[tuple(tile)]
     n_fastest = _n_fastest(br)
     descs = (x_desc, xh_desc) if regs_a else (x_desc,)
@@ -1640,7 +1664,8 @@ def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
     """The register-A grouped kernel's variant constexprs for `tile` (launcher and compile tier)."""
     return {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile),
             "HALF_TAIL": masked and _half_tail(tile, warp_specialize, "masked"),
-            "QUARTER_TAIL": masked and _quarter_tail(tile, warp_specialize, "masked")}
+            "QUARTER_TAIL": masked and _quarter_tail(tile, warp_specialize, "masked"),
+            "GROUP_LOOP": not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG}
 
 
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
@@ -1719,7 +1744,8 @@ def compile_configs():
                 _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel, sig,
                 {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                maxnreg=GROUPED_MAXNREG.get((bw, br, warps, stages)) if rs else None,
+                maxnreg=(GROUP_LOOP_MAXNREG if extra.get("GROUP_LOOP") else GROUPED_MAXNREG).get((bw, br, warps, stages))
+                if rs else None,
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m", "row_slots"),
                 # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
                 # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS

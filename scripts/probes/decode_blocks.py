@@ -1,0 +1,97 @@
+"""Decode tiles of the W4A16 register-A kernel by routing block and main loop -- a probe, not
+a benchmark.
+
+    python scripts/probes/decode_blocks.py [indexed] [masked]
+
+The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
+registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
+one K group at a time under the `w4a16_sm90.GROUP_LOOP_MAXNREG` cap, six to eight CTAs an SM),
+on 8- and 16-row routing blocks (indexed) and 16- and 32-row tiles (masked). A tile runs the
+group loop when it is in that table; the probe adds a tile to it for one launch to try it.
+One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
+flushed; outputs compared bit for bit against the first variant (valid rows for masked; "!"
+marks a difference, expected only against a SPLIT_ACC tile, whose odd groups sum apart).
+Kimi EP8 shapes (48 experts; gate_up N 4096 K 7168, down N 7168 K 2048): indexed 1-50 tokens
+top-8; masked 8 and 16 tok/expert (counts 0.7-1.3x, max_m 256, the row-slot grid).
+"""
+import contextlib
+import sys
+
+import torch
+
+from lowbit import routing
+from lowbit.bench.cases import make_weight
+from lowbit.bench.timing import measure_interleaved
+from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
+from lowbit.kernels import w4a16_sm90 as sm90
+
+gen = torch.Generator(device="cuda").manual_seed(19)
+E = 48
+PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
+which = sys.argv[1:] or ["indexed", "masked"]
+# name: (tile, register cap of a group loop tried here: None = as the tables say)
+INDEXED = {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), 72), "8x3": ((64, 8, 4, 3), None),
+           "8x2g": ((64, 8, 4, 2), None)}
+MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64)},
+          16: {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), 128), "32x3g": ((64, 32, 4, 3), 168),
+               "16x2g": ((64, 16, 4, 2), None)}}
+
+
+@contextlib.contextmanager
+def group_loop(tile, cap):
+    saved = dict(sm90.GROUP_LOOP_MAXNREG)
+    if cap:
+        sm90.GROUP_LOOP_MAXNREG[tile] = cap
+    try:
+        yield
+    finally:
+        sm90.GROUP_LOOP_MAXNREG.clear()
+        sm90.GROUP_LOOP_MAXNREG.update(saved)
+
+
+def report(label, outs, t, byts, valid=None):
+    names = list(outs)
+    ref = outs[names[0]] if valid is None else outs[names[0]][valid]
+    cells = "  ".join(f"{v} {t[v].median_us:6.1f}{'' if torch.equal(outs[v] if valid is None else outs[v][valid], ref) else '!'}"
+                      for v in names)
+    best = min(names, key=lambda v: t[v].median_us)
+    print(f"{label:20} {cells}  best {best} x{t[names[0]].median_us / t[best].median_us:.3f} "
+          f"({byts / t[best].median_us / 1e6:.2f} TB/s)", flush=True)
+
+
+if "indexed" in which:
+    for tok in (1, 4, 8, 16, 32, 50):
+        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
+        rts = {br: routing.moe_align_block_size(ids, br, E) for br in (8, 16)}
+        hit = int(torch.unique(ids).numel())
+        for i, (proj, n, kk) in enumerate(PROJ):
+            top_k = 8 if i == 0 else 1
+            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
+            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in INDEXED}
+
+            def launch(v):
+                tile, cap = INDEXED[v]
+                r = rts[tile[1]]
+                with group_loop(tile, cap):
+                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                                   top_k, None, outs[v], tile, True, False)
+            report(f"indexed t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in INDEXED}),
+                   hit * n * kk * (0.5 + 2 / 32))
+
+if "masked" in which:
+    for tok, plan in MASKED.items():
+        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
+
+            def launch(v):
+                tile, cap = plan[v]
+                with group_loop(tile, cap):
+                    sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
+                                                   row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
+            report(f"masked {tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+                   E * n * kk * (0.5 + 2 / 32), valid)
