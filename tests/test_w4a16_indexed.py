@@ -335,7 +335,8 @@ def test_gluon_default_for_decode(monkeypatch):
     """With `gluon=True` (an sm_90 GPU, N % 8 == 0, aligned rows) the register-A Gluon kernel is
     the default at every tok_e (it measured faster everywhere): for EP the 8-row routing block up
     to tok_e 4 (the group-loop tile, or its 3-stage step-loop alternative where the grid is
-    thin: one token's gate_up), the 16-row block up to tok_e 10 (from tok_e 0 for TP), the
+    thin: one token's gate_up), the 16-row block up to tok_e 10 (from tok_e 0 for TP; its
+    group-loop tile unless the grid is thin), the
     32-row block (64x32 tile) up to 32, the 64-row block from there, the 128-row block from
     tok_e 85 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
     down) runs the block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
@@ -352,9 +353,9 @@ def test_gluon_default_for_decode(monkeypatch):
     monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", "2")  # a forced stage count beats the thin-grid rule
     assert w4a16_indexed_config(8, 48, 4096, 7168, gluon=True).num_stages == 2
     monkeypatch.delenv("LOWBIT_W4A16_NUM_STAGES")
-    for routes in (256, 400):  # EP8 32 / 50 tokens
+    for routes in (256, 400):  # EP8 32 / 50 tokens: the 16-row block's group-loop tile
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
-        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 16, 64, 3, 1), c
+        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 16, 64, 2, 1), c
         assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
     c = w4a16_indexed_config(8, 384, 512, 7168, gluon=True)  # TP8 1 token: the 16-row block
     assert (c.engine, c.block_m, c.block_n) == ("gluon_rs", 16, 64), c

@@ -121,9 +121,10 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   509.2 -> 468.2, down 287.1 -> 261.8; 1024 tokens 1364.0 -> 1243.0 and 727.2 -> 649.7; TP8 8192
 #:   tokens gate_up 1364.0 -> 1191.9. 256x16 at 20 tokens: 0.80x / 0.74x the 64x16 tile (not kept);
 #:   64-row blocks at 1024 tokens: 0.84-0.87x the 128-row ones on the 256-row tile too.
-#: 8-row block, nineteenth session (`scripts/probes/decode_blocks.py`): see `GROUP_LOOP_MAXNREG`.
+#: 8-row block, and the 16-row block's group-loop tile first, nineteenth session
+#: (`scripts/probes/decode_blocks.py`): see `GROUP_LOOP_MAXNREG`.
 INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3),
-                    (64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
+                    (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
                     (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
                     (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
@@ -183,7 +184,11 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: The grouped masked 16-row tile likewise (six CTAs an SM by its 35 KB ring; its row-block
 #: loop needs 72 registers, 64 spill 16 bytes), 8 tok/expert, counts 6-10: 64x16 3 stages (step
 #: loop, 4 CTAs an SM) 285.1 / 153.0 us, group loop 2 stages 242.0 / 123.5 (1.18x / 1.24x, at 64
-#: registers), 246.7 / 126.4 at 80, 3 stages 258.1 / 135.9.
+#: registers), 246.7 / 126.4 at 80, 3 stages 258.1 / 135.9. The indexed 16-row block (EP8 32 / 50
+#: tokens, 5-8 routes an expert) on it: 251.4 / 134.8 and 257.9 / 138.5 against the step loop's
+#: 254.2 / 140.8 and 258.1 / 143.8 (1.00-1.04x). Masked 16 tok/expert, 64x32 on the group loop
+#: (2 stages, 128 registers, four CTAs an SM) against the 4-stage step loop with two accumulators
+#: (`SPLIT_ACC_TILES`): gate_up 308.7 vs 304.9, down 153.5 vs 182.0 -- not adopted (mixed).
 GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72}
 #: A group-loop tile's deeper-ring alternative (the step loop, 3 stages) for grids of fewer than
 #: `GROUP_LOOP_MIN_PROGRAMS` programs: with about four programs an SM, a 2-stage ring has too few
