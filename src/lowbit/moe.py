@@ -38,8 +38,10 @@ PATHS = ("output_centric", "indexed")
 #: both layers timed whole, routing and combine included, CUDA graph), output-centric vs
 #: indexed: 85.9 vs 95.9 us at 1 token, 153.2 vs 155.3 at 2, 228.8 vs 222.5 at 4, 361.3 vs
 #: 285.1 at 8. (The ninth session, with the SiLU and the combine as torch ops: indexed from 8.)
+#: Nineteenth session, the indexed GEMMs on 8-row routing blocks (bench `decode_oc_int4_*`,
+#: same method): 85.1 vs 91.4 us at 1 token, 151.0 vs 143.3 at 2, 226.2 vs 201.4 at 4.
 #: Measured on that shape only: other expert counts may cross elsewhere.
-OUTPUT_CENTRIC_MAX_TOKENS = 2
+OUTPUT_CENTRIC_MAX_TOKENS = 1
 
 _ENV = "LOWBIT_MOE_PATH"
 
