@@ -172,7 +172,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
     # engine override replaces the default engine (the Triton tile is the base config)
     # masked decode grids: about one program an expert and N tile of 64 weight rows (`group_loop_tile`)
     programs = g * triton.cdiv(n, 64) if mode == "masked" else float("inf")
-    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env, wide, programs)
+    cfg = _fit_engine(apply_env_overrides(cfg, "W4A16_GROUPED"), mode, env, wide, programs, k)
     if split and cfg.engine == "gluon_rs" and cfg.block_n == 256 and not env[0]:
         # the split tile only where the four-warpgroup kernel runs and no BLOCK_M was asked for;
         # its warp-specialized form where one holds the rows, unless an engine was asked for
@@ -210,15 +210,15 @@ def _engine_tiles(engine: str, mode: str) -> tuple:
 
 
 def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
-                programs: float = float("inf")) -> W4A16Config:
+                programs: float = float("inf"), k: int = 0) -> W4A16Config:
     """``LOWBIT_W4A16_GROUPED_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's
     tile with 128 rows for contiguous (a whole segment: each weight tile read once per segment),
     for masked the smallest tile rows holding the M tile the heuristic chose, or the rows that
     ``LOWBIT_W4A16_GROUPED_BLOCK_M`` asks for; ``_BLOCK_N`` (weight rows) and ``_NUM_STAGES``
     pick among that kernel's tiles when set. `wide`: the heuristics chose the four-warpgroup tile
     (256 weight rows), which then comes first. `programs`: the grid's size, about, for a
-    group-loop tile (`w4a16_sm90.group_loop_tile`, unless a stage count is forced). The reason
-    says what was chosen."""
+    group-loop tile (`w4a16_sm90.group_loop_tile`, unless a stage count is forced); `k`: a short
+    masked K runs `w4a16_sm90.SHORT_K_TILES`' form. The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
@@ -231,9 +231,14 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
         rows = CONTIGUOUS_ALIGNMENT
     tile, note = pick_gluon_tile(tiles, rows, cfg, env, wide), ""
     if cfg.engine == "gluon_rs" and not env_value(env, "num_stages"):
-        from .w4a16_sm90 import group_loop_tile
+        from .w4a16_sm90 import SHORT_K_STEPS, SHORT_K_TILES, group_loop_tile
 
+        short = mode == "masked" and tile in SHORT_K_TILES and 0 < k <= 256 * SHORT_K_STEPS
+        if short:
+            tile = SHORT_K_TILES[tile]
         tile, note = group_loop_tile(tile, programs)
+        if short:
+            note += f" (K of at most {SHORT_K_STEPS} steps; H200 masked 16 tok/expert down 1.17-1.19x)"
     bw, br, warps, stages = tile
     return replace(cfg, block_m=br, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
                    reason=f"{cfg.reason}; {cfg.engine} tile {bw} weight rows x {br} rows, {stages} stages{note}")

@@ -143,7 +143,8 @@ INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3),
 #: and not kept (same process): masked 8 tok/expert 256x16 0.94x / 0.87x (gate_up / down) the
 #: 64x16 tile; 16 tok 256x32 1.01x / 1.05x the 64x32; 32 tok 256x32 0.83x / 0.79x the 256x64.
 GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
-                  (64, 128, 4, 3), (64, 32, 4, 4), (128, 32, 8, 4), (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4),
+                  (64, 128, 4, 3), (64, 32, 4, 4), (64, 32, 4, 2), (128, 32, 8, 4), (64, 16, 4, 2), (64, 16, 4, 3),
+                  (64, 16, 4, 4),
                   (128, 16, 8, 4))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
@@ -188,8 +189,14 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: tokens, 5-8 routes an expert) on it: 251.4 / 134.8 and 257.9 / 138.5 against the step loop's
 #: 254.2 / 140.8 and 258.1 / 143.8 (1.00-1.04x). Masked 16 tok/expert, 64x32 on the group loop
 #: (2 stages, 128 registers, four CTAs an SM) against the 4-stage step loop with two accumulators
-#: (`SPLIT_ACC_TILES`): gate_up 308.7 vs 304.9, down 153.5 vs 182.0 -- not adopted (mixed).
-GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72}
+#: (`SPLIT_ACC_TILES`): gate_up 308.7 vs 304.9, down 153.5 vs 182.0 (two runs: 155.0 vs 180.6):
+#: so only for a short K (`SHORT_K_TILES`).
+GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128}
+#: Masked tiles whose form for a K of at most `SHORT_K_STEPS` 256-wide steps is a group-loop tile:
+#: a short loop cannot amortize a deep ring's fill, more CTAs an SM overlap the fills (the
+#: measurement above: masked 16 tok/expert, down K 2048 = 8 steps 1.17-1.19x, gate_up K 7168 0.99x).
+SHORT_K_TILES = {(64, 32, 4, 4): (64, 32, 4, 2)}
+SHORT_K_STEPS = 8
 #: A group-loop tile's deeper-ring alternative (the step loop, 3 stages) for grids of fewer than
 #: `GROUP_LOOP_MIN_PROGRAMS` programs: with about four programs an SM, a 2-stage ring has too few
 #: bytes in flight. H200, nineteenth session, Kimi EP8 one token: gate_up (512 programs) 64x8
@@ -1425,7 +1432,7 @@ def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
                                        f"{THIN_GRID_TILES[tile][3]} stages (H200 EP8 1 token gate_up: 50.1 us vs "
                                        f"74.3 at 2 stages)")
     if tile in GROUP_LOOP_MAXNREG:
-        return tile, f"; one K group at a time, {GROUP_LOOP_MAXNREG[tile]} registers: 6-8 CTAs an SM"
+        return tile, f"; one K group at a time under {GROUP_LOOP_MAXNREG[tile]} registers: more CTAs an SM"
     return tile, ""
 
 
