@@ -292,6 +292,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     if engine == "gluon_rs" and not env_value(env, "num_stages"):
         tile, note = group_loop_tile(tile, programs)
     bw, _, warps, stages = tile
+    tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
         variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
     elif tail := tail_rows(tile, engine, "indexed"):
