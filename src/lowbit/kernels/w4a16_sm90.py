@@ -144,8 +144,7 @@ INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3),
 #: 64x16 tile; 16 tok 256x32 1.01x / 1.05x the 64x32; 32 tok 256x32 0.83x / 0.79x the 256x64.
 GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
                   (64, 128, 4, 3), (64, 32, 4, 4), (64, 32, 4, 2), (128, 32, 8, 4), (64, 16, 4, 2), (64, 16, 4, 3),
-                  (64, 16, 4, 4),
-                  (128, 16, 8, 4))
+                  (64, 16, 4, 4), (128, 16, 8, 4))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
@@ -1519,10 +1518,8 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     slots = _slots(max_m, br, row_slots)
     blocks = w.num_experts * slots if max_m else rows // br
     kernel = _w4a16_grouped_rs_kernel if regs_a else _w4a16_grouped_sm90_kernel
-    if extra.get("GROUP_LOOP"):
-        extra["maxnreg"] = GROUP_LOOP_MAXNREG[tuple(tile)]
-    elif regs_a and tuple(tile) in GROUPED_MAXNREG:
-        extra["maxnreg"] = GROUPED_MAXNREG[tuple(tile)]
+    if regs_a and (cap := _rs_maxnreg(tile, extra, grouped=True)):
+        extra["maxnreg"] = cap
     n_fastest = _n_fastest(br)
     descs = (x_desc, xh_desc) if regs_a else (x_desc,)
     kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
@@ -1691,6 +1688,14 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
             "GROUP_LOOP": not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG}
 
 
+def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
+    """The ptxas register cap of a register-A launch (launchers and compile tier): a group-loop
+    tile's (`GROUP_LOOP_MAXNREG`), else the grouped kernel's (`GROUPED_MAXNREG`), else none."""
+    if constexprs.get("GROUP_LOOP"):
+        return GROUP_LOOP_MAXNREG[tuple(tile)]
+    return GROUPED_MAXNREG.get(tuple(tile)) if grouped else None
+
+
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
                               regs_a: bool = False, warp_specialize: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
@@ -1711,8 +1716,8 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
-    if extra.get("GROUP_LOOP"):
-        extra["maxnreg"] = GROUP_LOOP_MAXNREG[tuple(tile)]
+    if regs_a and (cap := _rs_maxnreg(tile, extra, grouped=False)):
+        extra["maxnreg"] = cap
     n_fastest = _n_fastest(br)
     kernel[_grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
@@ -1756,8 +1761,7 @@ def compile_configs():
                 _w4a16_grouped_rs_kernel if rs else _w4a16_grouped_sm90_kernel, sig,
                 {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
-                maxnreg=(GROUP_LOOP_MAXNREG if extra.get("GROUP_LOOP") else GROUPED_MAXNREG).get((bw, br, warps, stages))
-                if rs else None,
+                maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=True) if rs else None,
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m", "row_slots"),
                 # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
                 # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS
@@ -1802,7 +1806,7 @@ def compile_configs():
                 {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_FASTEST": _n_fastest(br), "num_warps": warps,
                  **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
-                maxnreg=GROUP_LOOP_MAXNREG[(bw, br, warps, stages)] if extra.get("GROUP_LOOP") else None,
+                maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
                 unaligned=("N", "K", "num_routes", "top_k")))
     for bw, br, warps, stages in NLOOP_TILES:
         for mul in (False, True):
