@@ -1,5 +1,7 @@
 """W4A16 indexed MoE GEMM vs the FP32 reference (interpreter on the CPU tier, native on the GPU)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
 from lowbit.kernels.w4a16_core import VALIDATED_TILES
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_WS_TILES
+from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES
 from lowbit.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -28,7 +30,7 @@ def _problem(e, n, k, t, top_k, gen, device, hot=None):
     return wq, pack_w4a16(wq).to(device), a.to(device), ids.to(device)
 
 
-def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, over_alloc=0):
+def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, over_alloc=0, split_k=0):
     e = ids.max().item() + 1 if emap is None else emap.numel()
     r = routing.moe_align_block_size(ids, block, max(e, wq.codes.shape[0]) if emap is None else emap.numel(), emap)
     sorted_ids, expert_ids = r.sorted_token_ids, r.expert_ids
@@ -37,6 +39,8 @@ def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, o
         expert_ids = torch.cat([expert_ids, torch.zeros(over_alloc, dtype=torch.int32, device=device)])
     out = poison_(torch.empty(ids.numel(), pw.n, dtype=torch.bfloat16, device=device))
     cfg = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
+    if split_k:
+        cfg = replace(cfg, split_k=split_k)
     w4a16_indexed(a, pw, sorted_ids, expert_ids, r.num_tokens_post_padded, top_k,
                   topk_weights=topk_weights, out=out, config=cfg)
     ref = reference.w4a16_indexed_ref(a.cpu(), wq, r.sorted_token_ids.cpu(), r.expert_ids.cpu(),
@@ -145,8 +149,6 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
 def test_gluon_engine_contract(gen, monkeypatch):
     """LOWBIT_W4A16_ENGINE=gluon: the Gluon tile for the routing block (no split-K, even where
     the heuristic splits), refused without a CUDA GPU, bad engine names refused."""
-    from dataclasses import replace
-
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon")
     c = w4a16_indexed_config(8, 48, 4096, 7168)  # the one-token grid: split-K 2 on Triton
     assert (c.engine, c.block_n, c.num_warps, c.split_k) == ("gluon", 64, 4, 1), c
@@ -275,8 +277,6 @@ def test_heuristics_memo_env_overrides_and_show_config(monkeypatch):
 def test_split_k_matches_reference_and_leaves_unrouted_rows(split, gen, device):
     """Split-K (LOWBIT_W4A16_SPLIT_K): FP32 shares reduced in a fixed order; with 3 shares of
     2 K tiles one program has an empty range. Remote/dropped routes keep the poison."""
-    from dataclasses import replace
-
     e = 5
     wq, pw, a, ids = _problem(e, 72, 512, 9, 2, gen, device)
     ids.view(-1)[::4] = -1
@@ -293,9 +293,62 @@ def test_split_k_matches_reference_and_leaves_unrouted_rows(split, gen, device):
     assert_close(out.cpu()[~dropped].float(), ref[~dropped], "bf16_out", f"split_k={split}")
 
 
-def test_split_k_is_indexed_only(gen, device):
-    from dataclasses import replace
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("tile", INDEXED_SPLIT_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_gluon_rs_split_k_matches_reference(tile, split, gen, monkeypatch):
+    """K shares on the register-A kernel (every tile the heuristics split, `INDEXED_SPLIT_TILES`):
+    K of 5 and 9 steps (unequal shares; K off the step), one token, N off the tile, a hot expert
+    with routing weights and over-allocated buffers, remote experts and dropped routes (poison
+    kept)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the register-A kernel is the sm_90 kernel")
+    bw, block, _, stages = tile
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_rs")
+    monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(stages))
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(bw))
+    assert (w4a16_indexed_config(8, 4, 80, 1056, block_m=block).num_stages) == stages
+    for e, n, k, t, top_k in ((4, 80, 1056, 5, 2), (6, 64, 2304, 1, 4), (3, 200, 1100, 40, 2)):
+        wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
+        out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", split_k=split)
+        assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} split {split}")
+    wq, pw, a, ids = _problem(5, 48, 2304, 24, 2, gen, "cuda", hot=1)
+    tw = random_topk_weights(24, 2, generator=gen).cuda()
+    out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3, split_k=split)
+    assert_close(out.float(), ref, "bf16_out", f"hot expert, weights, over-allocated, split {split}")
+    wq, pw, a, ids = _problem(6, 40, 1280, 9, 2, gen, "cuda")
+    ids.view(-1)[::5] = -1
+    emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
+    out, ref = _check(a, wq_local, pack_w4a16(wq_local).to("cuda"), ids, block, 2, "cuda", emap=emap, split_k=split)
+    untouched = ids.flatten().cpu() < 2
+    assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
+    assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", f"EP map, split {split}")
 
+
+def test_gluon_split_k_contract(gen, monkeypatch):
+    """K shares run on the register-A kernel's main loop only, none of them empty: a split on the
+    warp-specialized or shared-memory engine, on a one-step K, or with more shares than steps
+    is refused before any launch (on any device)."""
+    wq, pw, a, ids = _problem(3, 64, 512, 4, 2, gen, "cpu")
+    r = routing.moe_align_block_size(ids, 8, 3)
+    rs = replace(w4a16_indexed_config(8, 3, 64, 512, block_m=8, gluon=True), engine="gluon_rs", block_n=64,
+                 num_warps=4, num_stages=3)
+    for bad in (replace(rs, split_k=3), replace(rs, engine="gluon", num_stages=3, split_k=2)):
+        with pytest.raises(ValueError, match="split-K only on gluon_rs"):
+            w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2, config=bad)
+    r16 = routing.moe_align_block_size(ids, 128, 3)
+    ws = replace(rs, engine="gluon_ws", block_m=128, block_n=128, num_warps=8, num_stages=2, split_k=2)
+    with pytest.raises(ValueError, match="split-K only on gluon_rs"):
+        w4a16_indexed(a, pw, r16.sorted_token_ids, r16.expert_ids, r16.num_tokens_post_padded, 2, config=ws)
+    # the heuristics never keep a split the kernel cannot run (one K step: the N-loop tile)
+    monkeypatch.setenv("LOWBIT_W4A16_SPLIT_K", "2")
+    assert w4a16_indexed_config(160, 384, 7168, 256, gluon=True).split_k == 1
+    c = w4a16_indexed_config(8, 48, 4096, 7168, gluon=True)
+    assert (c.engine, c.split_k) == ("gluon_rs", 2) and "K in 2 shares" in c.reason, c
+
+
+def test_split_k_is_indexed_only(gen, device):
     from lowbit.kernels.w4a16_grouped import contiguous
 
     wq = INT4.quantize(torch.randn(2, 32, 256, generator=gen) * 0.05)
@@ -313,8 +366,6 @@ def test_tiles_with_n_off_16(block, gen, device):
     """Every validated tile at every pipeline depth it can be given, N off 16 (37, 200): Triton
     3.6 miscompiles the 64x64 tile at 2-3 stages there (relative error ~1 on the H200), and
     `avoid_miscompile` must route around it (on the GPU; the interpreter has no stages)."""
-    from dataclasses import replace
-
     from lowbit.kernels.w4a16_core import tile_config
 
     stages = (1, 2, 3, 4) if device == "cuda" else (tile_config(block, "").num_stages,)

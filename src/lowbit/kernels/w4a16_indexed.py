@@ -136,6 +136,18 @@ _SPLIT_K = (
     (float("inf"), 1, ""),
 )
 
+#: K shares of the register-A Gluon kernel by its grid (about, `programs` of `_config_cached`:
+#: routing blocks x 64-weight-row tiles): (max programs, split_k, why), the first row that fits.
+#: A one-token EP gate_up has 512 programs of a K of 28 steps; the shares double the programs
+#: in flight. PLACEHOLDER: to be measured.
+_RS_SPLIT_K = (
+    (0, 1, ""),
+    (float("inf"), 1, ""),
+)
+#: Output columns a program of the share reduction sums (8-row routing blocks: 8 KB of FP32 a
+#: share a program).
+_RS_REDUCE_BN = 256
+
 #: Environment overrides (each is part of the memo key).
 ENV_OVERRIDES = override_names("W4A16")
 
@@ -230,7 +242,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
     rs = gluon and _gluon_runs(block_m, tok_e)
-    if rs:  # the Gluon kernel does not split K
+    if rs:  # the register-A kernel's K shares go by its grid (below)
         split, split_why = 1, ""
     why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")
     if block_m in VALIDATED_TILES:
@@ -250,6 +262,9 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         # a four-warpgroup tile runs warp-specialized where that engine has it (`INDEXED_WS_TILES`)
         ws = block_m in _WS_BLOCKS and (not wide or (256, block_m) in {t[:2] for t in INDEXED_WS_TILES})
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
+        _, split, split_why = next(r for r in _RS_SPLIT_K if programs <= r[0])
+        if split > 1:
+            cfg = replace(cfg, split_k=split, reason=f"{cfg.reason}; {split_why}")
     else:
         wide = False
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs), n)
@@ -265,7 +280,7 @@ def _engine_tiles(engine: str) -> tuple:
 def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
                 programs: float = float("inf")) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
-    the same routing block size (no split-K); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
+    the same routing block size (a split-K kept only where the register-A kernel splits: `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
     ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
     tile for (64) runs the shared-memory Gluon kernel. `wide`: the heuristics chose the
     routing block's four-warpgroup tile (256 weight rows), which then comes first. `programs`:
@@ -300,7 +315,10 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 {measured})"
     else:
         variant = note
-    return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=1,
+    split = cfg.split_k if _rs_splits(engine, tile, k, cfg.split_k) else 1
+    if split > 1:
+        variant += f"; K in {split} shares (FP32, summed by a second kernel)"
+    return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=split,
                    reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{variant}")
 
 
@@ -404,32 +422,52 @@ def w4a16_indexed(
         SPLIT_K=split, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split > 1:
-        _w4a16_indexed_splitk_reduce_kernel[(expert_ids.numel(), n_tiles)](
-            dst, out, sorted_ids, expert_ids, num_tokens_post_padded, w.n, num_routes,
-            dst.stride(0), dst.stride(1), out.stride(0),
-            BM=config.block_m, BN=config.block_n, SPLIT_K=split, num_warps=4,
-        )
+        _splitk_reduce(dst, out, sorted_ids, expert_ids, num_tokens_post_padded, config.block_m, config.block_n)
     return out
 
 
 def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
-    require_sm90(a.device, "w4a16_indexed")
     from .w4a16_sm90 import w4a16_indexed_sm90_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
     tiles = _engine_tiles(config.engine)
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
-    if tile not in tiles or config.split_k != 1 or not config.swap_ab:
+    split = config.split_k
+    if tile not in tiles or not config.swap_ab or (split != 1 and not _rs_splits(config.engine, tile, w.k, split)):
         raise ValueError(f"w4a16_indexed: the {config.engine} engine runs the tiles (weight rows, routing block, warps, "
-                         f"stages) in {tiles} with swap_ab and no split-K, got {tile}, split_k={config.split_k}")
+                         f"stages) in {tiles} with swap_ab, split-K only on gluon_rs into non-empty shares of "
+                         f"K's 256-wide steps; got {tile}, split_k={split}, K={w.k}")
+    require_sm90(a.device, "w4a16_indexed")
     if regs_a and not _rows_aligned(a):
         raise ValueError(f"w4a16_indexed: the gluon_rs engine gathers activation rows with 16-byte copies: a needs a "
                          f"16-byte aligned base and a row stride that is a multiple of 8 elements, got stride "
                          f"{a.stride(0)} (use engine='triton' or a contiguous copy)")
-    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile, regs_a,
-                              warp_specialize=config.engine == "gluon_ws")
+    num_routes = out.shape[0]
+    # split-K: FP32 shares, summed in a fixed order by the Triton kernel's reduction
+    dst = out if split == 1 else torch.empty(split, num_routes, w.n, dtype=torch.float32, device=a.device)
+    w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, dst, tile, regs_a,
+                              warp_specialize=config.engine == "gluon_ws", split_k=split)
+    if split > 1:
+        _splitk_reduce(dst, out, sorted_ids, expert_ids, ntpp, config.block_m, _RS_REDUCE_BN)
+
+
+def _rs_splits(engine: str, tile: tuple, k: int, split: int) -> bool:
+    """Whether the Gluon `engine` splits K `split` ways for `tile`: the register-A kernel's main
+    loop only (not warp-specialized, not the one-step N loop), every share non-empty."""
+    from .w4a16_sm90 import k_split_ok, runs_nloop
+
+    return engine == "gluon_rs" and not runs_nloop(tile, k) and k_split_ok(k, split)
+
+
+def _splitk_reduce(ws, out, sorted_ids, expert_ids, ntpp, block_m: int, block_n: int) -> None:
+    """``out[id] = bf16(sum_s ws[s, id])`` for the routed rows of the FP32 shares ``ws [S, rows, N]``."""
+    n = out.shape[1]
+    _w4a16_indexed_splitk_reduce_kernel[(expert_ids.numel(), triton.cdiv(n, block_n))](
+        ws, out, sorted_ids, expert_ids, ntpp, n, out.shape[0], ws.stride(0), ws.stride(1), out.stride(0),
+        BM=block_m, BN=block_n, SPLIT_K=ws.shape[0], num_warps=4,
+    )
 
 
 def compile_configs():

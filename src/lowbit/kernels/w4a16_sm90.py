@@ -201,6 +201,9 @@ SHORT_K_STEPS = 8
 #: bytes in flight. H200, nineteenth session, Kimi EP8 one token: gate_up (512 programs) 64x8
 #: 2 stages 74.3 us, 3 stages 50.1 (64x16: 51.7); down (896 programs) 2 stages 30.6, 3 stages
 #: 31.8 (64x16: 33.2).
+#: The register-A indexed tiles whose launches the heuristics split along K
+#: (`w4a16_indexed._RS_SPLIT_K`); the compile tier builds their split form.
+INDEXED_SPLIT_TILES = ((64, 8, 4, 3), (64, 8, 4, 2))
 THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3), (64, 16, 4, 2): (64, 16, 4, 3)}
 GROUP_LOOP_MIN_PROGRAMS = 6 * H200_NUM_SMS
 #: Four-warpgroup masked tiles whose rows are not a power of two (`_w4a16_grouped_split_kernel`,
@@ -338,12 +341,13 @@ def _store_layout(BR: int, BW: int, num_warps: int) -> gl.BlockedLayout:
 
 
 @gluon.jit
-def _transposed(acc, num_warps: gl.constexpr):
-    """bf16 ``[BR, BW]`` of the ``[BW, BR]`` accumulator (weight rows = output columns), in 16-byte
-    row pieces: stored straight from wgmma's layout, a warp's store hit 2-byte elements of eight
-    rows (half of each 32-byte sector wasted); the transpose goes through shared memory."""
+def _transposed(acc, num_warps: gl.constexpr, dtype: gl.constexpr = gl.bfloat16):
+    """`dtype` (bf16; FP32 for a split-K share) ``[BR, BW]`` of the ``[BW, BR]`` accumulator
+    (weight rows = output columns), in 8-column row pieces: stored straight from wgmma's layout,
+    a warp's store hit 2-byte elements of eight rows (half of each 32-byte sector wasted); the
+    transpose goes through shared memory."""
     st_l: gl.constexpr = _store_layout(acc.shape[1], acc.shape[0], num_warps)
-    return gl.convert_layout(gl.permute(acc.to(gl.bfloat16), (1, 0)), st_l)
+    return gl.convert_layout(gl.permute(acc.to(dtype), (1, 0)), st_l)
 
 
 @gluon.jit
@@ -386,13 +390,13 @@ def _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, B
 def _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, n0, N, num_routes, stride_cm,
                    MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr):
     """Store ``acc[i, r] = out[ids[r], n0 + i]`` (times the routing weight with MUL_WEIGHT);
-    sentinel slots unwritten."""
+    sentinel slots unwritten. `c_ptr`: bf16 output, or an FP32 split-K share's rows."""
     mma: gl.constexpr = acc.type.layout
     BR: gl.constexpr = acc.shape[1]
     if MUL_WEIGHT:
         wid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(0, mma)))
         acc = acc * gl.load(topk_w_ptr + wid, mask=wid < num_routes, other=0.0)[None, :]
-    out = _transposed(acc, num_warps)
+    out = _transposed(acc, num_warps, c_ptr.dtype.element_ty)
     st_l: gl.constexpr = out.type.layout
     oid = gl.load(sorted_ids_ptr + pid_m * BR + gl.arange(0, BR, layout=gl.SliceLayout(1, st_l)))
     on = n0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, st_l))
@@ -591,21 +595,23 @@ def _act_ring(x_desc, BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constex
 
 @gluon.jit
 def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR: gl.constexpr, STAGES: gl.constexpr,
-              GATHER: gl.constexpr, x_l: gl.constexpr):
+              GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk):
     """The register-A main loops' rings (activations, words + scales, one ready mbarrier a stage
     each) with steps 0 .. STAGES-1 in flight; with GATHER, this thread's copies of step 0 landed
     and fenced (every thread's once the caller passes a CTA barrier). Returns the rings, the
-    barriers and the step count."""
+    barriers and the step count. Loop step i is K step ``ks + i`` of the `nk` this program
+    runs (`_k_share`; None: all of K)."""
     xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(xready.index(i), count=1)
 
-    nk = gl.cdiv(K, 256)
+    if nk is None:
+        nk = gl.cdiv(K, 256)
     for i in gl.static_range(STAGES):
-        _load_weights(w_desc, s_desc, wrow, srow, n0, i, wready.index(i), wring, sring, i, i < nk)
-        _load_acts(x_desc, a_rows, row_ok, K, r0, i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
+        _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
     if GATHER:
         async_copy.wait_group(STAGES - 1)
         fence_async_shared()
@@ -624,25 +630,25 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 @gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
-                 SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False):
+                 SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None):
     """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
     whole step's fragments twice (`_rs_steps_mainloop`, which SPLIT_ACC gives two accumulators);
     four-warpgroup tiles (256 weight rows), and with GROUP_LOOP one-warpgroup tiles under a
     register cap (`GROUP_LOOP_MAXNREG`), dequantize one group at a time (`_rs_groups_mainloop`).
-    Same arguments and result."""
+    Same arguments and result. `ks`, `nk`: the K share (`_k_share`; default all of K)."""
     if w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
-                                  GATHER, x_l)
+                                  GATHER, x_l, ks, nk)
     else:
         acc = _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
-                                 GATHER, x_l, SPLIT_ACC)
+                                 GATHER, x_l, SPLIT_ACC, ks, nk)
     return acc
 
 
 @gluon.jit
 def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
-                       SPLIT_ACC: gl.constexpr):
+                       SPLIT_ACC: gl.constexpr, ks, nk):
     """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
     (scales from row `srow` of the ``[E * Kp / 32, N]`` view), dequantized as wgmma's register
     A operand, times the activation rows (B operand from the STAGES-deep shared-memory ring:
@@ -659,14 +665,14 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
     BW: gl.constexpr = w_desc.block_type.shape[0]
     # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
     xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
-                                                     BR, STAGES, GATHER, x_l)
+                                                     BR, STAGES, GATHER, x_l, ks, nk)
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
     acc2 = gl.zeros([BW, BR], gl.float32, mma)  # SPLIT_ACC only (loop-invariant, and dropped, otherwise)
     mbarrier.wait(wready.index(0), 0)
     w0, w1, w2, w3, w4, w5, w6, w7 = _dequant_regs(wring, sring, 0, dot_a)
     gl.thread_barrier()  # every warp holds its step-0 fragments: stage 0's weights are free
-    _load_weights(w_desc, s_desc, wrow, srow, n0, STAGES, wready.index(0), wring, sring, 0, STAGES < nk)
+    _load_weights(w_desc, s_desc, wrow, srow, n0, ks + STAGES, wready.index(0), wring, sring, 0, STAGES < nk)
     for kt in range(nk - 1):
         s = kt % STAGES
         if not GATHER:
@@ -688,8 +694,9 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
         # every warpgroup is done with stage s's activations and stage s1's words
         gl.thread_barrier()
-        _load_acts(x_desc, a_rows, row_ok, K, r0, kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
-        _load_weights(w_desc, s_desc, wrow, srow, n0, kt + 1 + STAGES, wready.index(s1), wring, sring, s1,
+        _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER,
+                   x_l)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + 1 + STAGES, wready.index(s1), wring, sring, s1,
                       kt + 1 + STAGES < nk)
         w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
     sl = (nk - 1) % STAGES
@@ -708,7 +715,7 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
 
 @gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
-                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk):
     """`_rs_steps_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
     bytes a FLOP of the 128-row tiles (each activation block read once for 256 weight rows).
     Also the one-warpgroup decode tiles of `GROUP_LOOP_MAXNREG`: 64 registers, eight CTAs an SM.
@@ -724,7 +731,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
     xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
-                                                     BR, STAGES, GATHER, x_l)
+                                                     BR, STAGES, GATHER, x_l, ks, nk)
     if GATHER:  # step 0's rows: this thread's landed; every thread's after the barrier
         gl.thread_barrier()
 
@@ -749,8 +756,10 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
         gl.thread_barrier()  # every warpgroup is done with stage s
-        _load_weights(w_desc, s_desc, wrow, srow, n0, kt + STAGES, wready.index(s), wring, sring, s, kt + STAGES < nk)
-        _load_acts(x_desc, a_rows, row_ok, K, r0, kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
+        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + STAGES, wready.index(s), wring, sring, s,
+                      kt + STAGES < nk)
+        _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER,
+                   x_l)
     _rs_rings_done(wready, xready, STAGES, GATHER)
     return acc
 
@@ -1257,11 +1266,12 @@ def _w4a16_indexed_sm90_kernel(
 def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k, stride_am,
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
-                      QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False):
+                      QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
-    the first three quarters of them multiplied (`WS_TAIL_TILES`)."""
+    the first three quarters of them multiplied (`WS_TAIL_TILES`). `ks`, `nk`: a K share
+    (`_k_share`; register-A main loop only), stored in FP32 to `c_ptr`."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR // 2 if QUARTER else BR, 16])
     wrow = e * N + n0
@@ -1279,8 +1289,25 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
     else:
         row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
-                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP)
+                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
+
+
+@gluon.jit
+def _k_share(K, SPLIT_K: gl.constexpr):
+    """(first K step, steps) of this program's share of K's 256-wide steps (grid axis 2): SPLIT_K
+    runs of ``cdiv(steps, SPLIT_K)``, the last one shorter; none empty (`k_split_ok`)."""
+    steps = gl.cdiv(K, 256)
+    per = gl.cdiv(steps, SPLIT_K)
+    ks = gl.program_id(2) * per
+    return ks, gl.minimum(per, steps - ks)
+
+
+def k_split_ok(k: int, split: int) -> bool:
+    """Whether `split` K shares of `_k_share` are all non-empty for this K (the main loops run at
+    least one step)."""
+    steps = triton.cdiv(k, 256)
+    return 1 <= split <= steps and (split - 1) * triton.cdiv(steps, split) < steps
 
 
 @gluon.jit
@@ -1290,6 +1317,7 @@ def _w4a16_indexed_rs_kernel(
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
     QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr, num_warps: gl.constexpr,
+    SPLIT_K: gl.constexpr = 1, stride_ws=0,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`; GROUP_LOOP: one group at a
     time, `GROUP_LOOP_MAXNREG`): the routed rows (row
@@ -1302,9 +1330,13 @@ def _w4a16_indexed_rs_kernel(
     `moe_align_block_size` puts an expert's routes first) runs the BR / 2-row tile instead
     (X_HALF_LAYOUT: its gather layout), so its wgmmas do not multiply the padding
     (`HALF_TAIL_TILES`). QUARTER_TAIL (warp-specialized four-warpgroup tiles): a block with no
-    route in its last quarter multiplies only its first three quarters (`WS_TAIL_TILES`)."""
+    route in its last quarter multiplies only its first three quarters (`WS_TAIL_TILES`).
+    SPLIT_K > 1: grid axis 2 splits K (`_k_share`); `c_ptr` is then the FP32 workspace
+    ``[SPLIT_K, num_routes, N]`` (share s at ``c_ptr + s * stride_ws``), summed by
+    `w4a16_indexed`'s reduction kernel."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
+    gl.static_assert(SPLIT_K == 1 or not WARP_SPECIALIZE, "SPLIT_K: the register-A main loop only")
     pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
         return
@@ -1313,6 +1345,12 @@ def _w4a16_indexed_rs_kernel(
         return
     n0 = pid_n * BW
     ids_ptr = sorted_ids_ptr + pid_m * BR
+    if SPLIT_K == 1:
+        ks = 0
+        nk = None  # all of K
+    else:
+        ks, nk = _k_share(K, SPLIT_K)
+        c_ptr += gl.program_id(2).to(gl.int64) * stride_ws
     if HALF_TAIL or QUARTER_TAIL:  # which of the block's slots past BR / 2 hold a route
         tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         slot = gl.arange(0, BR // 2, layout=tail_l)
@@ -1324,14 +1362,15 @@ def _w4a16_indexed_rs_kernel(
         quarter_free = False
     if HALF_TAIL and half_free:  # no route in the second half
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
-                          stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps, WARP_SPECIALIZE)
+                          stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps, WARP_SPECIALIZE,
+                          ks=ks, nk=nk)
     elif QUARTER_TAIL and quarter_free:  # none in the last quarter
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, True, True)
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk)
 
 
 @gluon.jit
@@ -1697,14 +1736,19 @@ def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
 
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
-                              regs_a: bool = False, warp_specialize: bool = False) -> None:
+                              regs_a: bool = False, warp_specialize: bool = False, split_k: int = 1) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
     built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`), with
     `warp_specialize` its producer-warp main loop (a tile of `INDEXED_WS_TILES`). A K of one
     256-wide step on a two-warpgroup register-A tile (`NLOOP_TILES`) runs the N-loop kernel
-    `_w4a16_indexed_nloop_kernel` instead (with or without `warp_specialize`)."""
+    `_w4a16_indexed_nloop_kernel` instead (with or without `warp_specialize`). `split_k` > 1
+    (register-A main loop only, `k_split_ok`): `out` is the FP32 workspace
+    ``[split_k, M * top_k, N]`` of K shares, which the caller sums."""
     bw, br, warps, stages = tile
+    if split_k > 1 and (not regs_a or warp_specialize or runs_nloop(tile, w.k) or not k_split_ok(w.k, split_k)):
+        raise ValueError(f"split_k={split_k}: the register-A (not warp-specialized) kernel splits K, into "
+                         f"non-empty shares of K={w.k}'s {triton.cdiv(w.k, 256)} steps; tile {tile}")
     w_desc, s_desc = _weight_descs(w, bw)
     if regs_a and runs_nloop(tile, w.k):
         chunks = triton.cdiv(triton.cdiv(w.n, bw), NLOOP_N_TILES)
@@ -1718,10 +1762,15 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
     if regs_a and (cap := _rs_maxnreg(tile, extra, grouped=False)):
         extra["maxnreg"] = cap
+    if split_k > 1:
+        extra.update(SPLIT_K=split_k, stride_ws=out.stride(0))
     n_fastest = _n_fastest(br)
-    kernel[_grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)](
+    grid = _grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)
+    if split_k > 1:  # the K shares on axis 2
+        grid = (*grid, split_k) if len(grid) == 2 else (*grid, 1, split_k)
+    kernel[grid](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-        w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
+        w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(-2),
         BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
 
@@ -1798,6 +1847,8 @@ def compile_configs():
         }
         ws = kind == "gluon_ws"
         extra = _indexed_rs_constexprs((bw, br, warps, stages), ws) if kind != "gluon" else {}
+        if kind != "gluon":  # no K shares (the launch's defaults)
+            extra["SPLIT_K"] = 1
         kernel, ptx = kinds[kind]
         for mul in (False, True):
             cfgs.append(KernelConfig(
@@ -1808,6 +1859,16 @@ def compile_configs():
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
                 maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
                 unaligned=("N", "K", "num_routes", "top_k")))
+        if kind == "gluon_rs" and (bw, br, warps, stages) in INDEXED_SPLIT_TILES:  # the K shares' build
+            cfgs.append(KernelConfig(
+                f"w4a16_indexed_sm90_gluon_rs_splitk[BW={bw},BR={br},w={warps},stages={stages}]",
+                kernel, {**isig, "c_ptr": "*fp32", **{k: "constexpr" for k in extra}, "SPLIT_K": "constexpr",
+                         "stride_ws": "i32"},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": True, "N_FASTEST": _n_fastest(br), "num_warps": warps,
+                 **extra, "SPLIT_K": 2},
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
+                maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
+                unaligned=("N", "K", "num_routes", "top_k", "stride_ws")))
     for bw, br, warps, stages in NLOOP_TILES:
         for mul in (False, True):
             cfgs.append(KernelConfig(
