@@ -136,14 +136,14 @@ _SPLIT_K = (
     (float("inf"), 1, ""),
 )
 
-#: K shares of the register-A Gluon kernel by its grid (about, `programs` of `_config_cached`:
-#: routing blocks x 64-weight-row tiles): (max programs, split_k, why), the first row that fits.
-#: A one-token EP gate_up has 512 programs of a K of 28 steps; the shares double the programs
-#: in flight. PLACEHOLDER: to be measured.
-_RS_SPLIT_K = (
-    (0, 1, ""),
-    (float("inf"), 1, ""),
-)
+#: The register-A Gluon kernel splits K only when asked (``LOWBIT_W4A16_SPLIT_K``): more programs
+#: did not pay on a thin decode grid. H200, twentieth session (`scripts/probes/split_decode.py`,
+#: Kimi EP8, 8-row blocks, same process, interleaved, us, reduction included; gate_up / down):
+#: 1 token, 3-stage tile 49.8 / 31.9, split 2 / 3 / 4 54.4 / 37.5, 56.2 / 40.0, 57.7 / 43.3;
+#: the group-loop tile split 2 51.7 / 34.1 (its unsplit down 30.4); 2-8 tokens 1.04-1.26x
+#: slower split than unsplit. The 512 one-token gate_up programs are not too few to stream:
+#: doubling them (eight CTAs an SM) left the main kernel at ~49 us.
+_RS_SPLIT_K = 1
 #: Output columns a program of the share reduction sums (8-row routing blocks: 8 KB of FP32 a
 #: share a program).
 _RS_REDUCE_BN = 256
@@ -242,8 +242,8 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
     rs = gluon and _gluon_runs(block_m, tok_e)
-    if rs:  # the register-A kernel's K shares go by its grid (below)
-        split, split_why = 1, ""
+    if rs:  # the register-A kernel splits K only when asked (`_RS_SPLIT_K`)
+        split, split_why = _RS_SPLIT_K, ""
     why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")
     if block_m in VALIDATED_TILES:
         cfg = replace(tile_config(block_m, why), split_k=split)
@@ -262,9 +262,6 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         # a four-warpgroup tile runs warp-specialized where that engine has it (`INDEXED_WS_TILES`)
         ws = block_m in _WS_BLOCKS and (not wide or (256, block_m) in {t[:2] for t in INDEXED_WS_TILES})
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
-        _, split, split_why = next(r for r in _RS_SPLIT_K if programs <= r[0])
-        if split > 1:
-            cfg = replace(cfg, split_k=split, reason=f"{cfg.reason}; {split_why}")
     else:
         wide = False
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs), n)

@@ -201,8 +201,9 @@ SHORT_K_STEPS = 8
 #: bytes in flight. H200, nineteenth session, Kimi EP8 one token: gate_up (512 programs) 64x8
 #: 2 stages 74.3 us, 3 stages 50.1 (64x16: 51.7); down (896 programs) 2 stages 30.6, 3 stages
 #: 31.8 (64x16: 33.2).
-#: The register-A indexed tiles whose launches the heuristics split along K
-#: (`w4a16_indexed._RS_SPLIT_K`); the compile tier builds their split form.
+#: The register-A indexed decode tiles whose split-K form the compile tier builds (any tile
+#: splits under ``LOWBIT_W4A16_SPLIT_K``; the heuristics never split: `w4a16_indexed._RS_SPLIT_K`
+#: has the measurements).
 INDEXED_SPLIT_TILES = ((64, 8, 4, 3), (64, 8, 4, 2))
 THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3), (64, 16, 4, 2): (64, 16, 4, 3)}
 GROUP_LOOP_MIN_PROGRAMS = 6 * H200_NUM_SMS
@@ -1296,18 +1297,17 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
 @gluon.jit
 def _k_share(K, SPLIT_K: gl.constexpr):
     """(first K step, steps) of this program's share of K's 256-wide steps (grid axis 2): SPLIT_K
-    runs of ``cdiv(steps, SPLIT_K)``, the last one shorter; none empty (`k_split_ok`)."""
+    runs as equal as can be, none empty while SPLIT_K <= steps (`k_split_ok`)."""
     steps = gl.cdiv(K, 256)
-    per = gl.cdiv(steps, SPLIT_K)
-    ks = gl.program_id(2) * per
-    return ks, gl.minimum(per, steps - ks)
+    s = gl.program_id(2)
+    ks = s * steps // SPLIT_K
+    return ks, (s + 1) * steps // SPLIT_K - ks
 
 
 def k_split_ok(k: int, split: int) -> bool:
     """Whether `split` K shares of `_k_share` are all non-empty for this K (the main loops run at
-    least one step)."""
-    steps = triton.cdiv(k, 256)
-    return 1 <= split <= steps and (split - 1) * triton.cdiv(steps, split) < steps
+    least one step): at most one a 256-wide step."""
+    return 1 <= split <= triton.cdiv(k, 256)
 
 
 @gluon.jit
