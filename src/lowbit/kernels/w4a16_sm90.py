@@ -1481,12 +1481,15 @@ def runs_nloop(tile: tuple, k: int) -> bool:
 
 
 def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
-    """The cp.async gather's layout for a stage's ``[8, br, 32]`` bf16 boxes: every thread a
-    distinct piece of each box (16 bytes when the box is big enough, 4-8 bytes for small
-    routing blocks), warps along the rows; a thread copies several rows when 8 elements a
-    thread do not cover the box, and the same piece of all eight boxes."""
-    vec = max(2, min(8, br * 32 // (32 * num_warps)))
-    return gl.BlockedLayout([1, 1, vec], [1, 32 * vec // 32, 32 // vec], [1, num_warps, 1], [2, 1, 0])
+    """The cp.async gather's layout for a stage's ``[8, br, 32]`` bf16 boxes: 16-byte pieces, a
+    row's four in four lanes, up to eight rows a warp, warps along the rows while there are
+    rows left, then along the boxes (groups); a thread copies the pieces the layout repeats.
+    Small routing blocks (8 or 16 rows) thus copy 2 or 4 pieces of 16 bytes a thread a step,
+    not 8 of 4 or 8 bytes (fewer copies and address instructions in an issue-bound decode
+    loop)."""
+    tr = min(br, 8)  # lanes along the rows
+    wr = min(num_warps, max(1, br // tr))  # warps along the rows
+    return gl.BlockedLayout([1, 1, 8], [8 // tr, tr, 4], [num_warps // wr, wr, 1], [2, 1, 0])
 
 
 def _n_fastest(br: int) -> bool:
