@@ -2,10 +2,11 @@
 
     python scripts/probes/gather_layout.py [tokens ...]
 
-`w4a16_sm90._gather_layout` as it stands ("new": 16-byte pieces, warps along the boxes once
-the rows run out) against the nineteenth session's ("old": warps along the rows only, 4- or
-8-byte pieces for 8- and 16-row blocks, each repeated over the eight boxes), swapped in the
-module for a launch (the launchers read it by name). Kimi EP8 (48 experts; gate_up N 4096 K
+`w4a16_sm90._gather_layout` forced to its default pieces ("old": warps along the rows only,
+4- or 8-byte pieces for 8- and 16-row blocks, each repeated over the eight boxes) or to its
+`wide_pieces` form ("new": 16-byte pieces, warps along the boxes once the rows run out), for
+whatever tile the heuristics pick, swapped in the module for a launch (the launchers read it
+by name). Kimi EP8 (48 experts; gate_up N 4096 K
 7168 top-8, down N 7168 K 2048), each projection on the heuristics' config. One process,
 identical inputs, interleaved CUDA-graph replays, L2 flushed; outputs compared bit for bit.
 """
@@ -22,12 +23,15 @@ from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as sm90
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
 
-NEW = sm90._gather_layout
+AS_BUILT = sm90._gather_layout
 
 
-def old_gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
-    vec = max(2, min(8, br * 32 // (32 * num_warps)))
-    return gl.BlockedLayout([1, 1, vec], [1, 32 * vec // 32, 32 // vec], [1, num_warps, 1], [2, 1, 0])
+def old_gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.BlockedLayout:
+    return AS_BUILT(br, num_warps, False)
+
+
+def new_gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.BlockedLayout:
+    return AS_BUILT(br, num_warps, True)
 
 
 @contextlib.contextmanager
@@ -36,7 +40,7 @@ def layout(fn):
     try:
         yield
     finally:
-        sm90._gather_layout = NEW
+        sm90._gather_layout = AS_BUILT
 
 
 gen = torch.Generator(device="cuda").manual_seed(20)
@@ -52,7 +56,7 @@ for tok in tokens:
         r = routing.moe_align_block_size(ids, cfg.block_m, E)
         w = pack_w4a16(make_weight(E, n, kk, "cuda"))
         a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
-        variants = {"old": old_gather_layout, "new": NEW}
+        variants = {"old": old_gather_layout, "new": new_gather_layout}
         outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in variants}
 
         def launch(v):

@@ -1480,16 +1480,26 @@ def runs_nloop(tile: tuple, k: int) -> bool:
     return k <= 256 and tuple(tile) in NLOOP_TILES
 
 
-def _gather_layout(br: int, num_warps: int) -> gl.BlockedLayout:
-    """The cp.async gather's layout for a stage's ``[8, br, 32]`` bf16 boxes: 16-byte pieces, a
-    row's four in four lanes, up to eight rows a warp, warps along the rows while there are
-    rows left, then along the boxes (groups); a thread copies the pieces the layout repeats.
-    Small routing blocks (8 or 16 rows) thus copy 2 or 4 pieces of 16 bytes a thread a step,
-    not 8 of 4 or 8 bytes (fewer copies and address instructions in an issue-bound decode
-    loop)."""
-    tr = min(br, 8)  # lanes along the rows
-    wr = min(num_warps, max(1, br // tr))  # warps along the rows
-    return gl.BlockedLayout([1, 1, 8], [8 // tr, tr, 4], [num_warps // wr, wr, 1], [2, 1, 0])
+def _gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.BlockedLayout:
+    """The cp.async gather's layout for a stage's ``[8, br, 32]`` bf16 boxes.
+
+    Default: every thread a distinct piece of each box (16 bytes when the box is big enough,
+    4-8 bytes for small routing blocks), warps along the rows; a thread copies several rows
+    when 8 elements a thread do not cover the box, and the same piece of all eight boxes.
+    `wide_pieces` (the group-loop tiles, `GROUP_LOOP_MAXNREG`): 16-byte pieces always, a row's
+    four in four lanes, up to eight rows a warp, warps along the rows while there are rows
+    left, then along the boxes; an 8- or 16-row block then copies 2 or 4 pieces a thread a
+    step instead of 8 (decode loop 489 -> 456 instructions, SASS). H200, twentieth session
+    (`scripts/probes/gather_layout.py`, Kimi EP8, bit-identical): 1.01-1.07x at 1-50 tokens on
+    the group-loop tiles. Not the default: the step-loop tiles then took 167-175 registers
+    (128 before; capped at 128 they spill), one CTA an SM fewer: one-token gate_up on 64x8x3
+    49.5 -> 56.7 us."""
+    if wide_pieces:
+        tr = min(br, 8)  # lanes along the rows
+        wr = min(num_warps, max(1, br // tr))  # warps along the rows
+        return gl.BlockedLayout([1, 1, 8], [8 // tr, tr, 4], [num_warps // wr, wr, 1], [2, 1, 0])
+    vec = max(2, min(8, br * 32 // (32 * num_warps)))
+    return gl.BlockedLayout([1, 1, vec], [1, 32 * vec // 32, 32 // vec], [1, num_warps, 1], [2, 1, 0])
 
 
 def _n_fastest(br: int) -> bool:
@@ -1723,11 +1733,12 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     """The register-A indexed kernel's layout and variant constexprs for `tile`."""
     bw, br, warps, stages = tile
     half = _half_tail(tile, warp_specialize, "indexed")
-    return {"X_LAYOUT": _gather_layout(br, _WS_GATHER_WARPS.value if warp_specialize else warps),
+    group_loop = not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG
+    gather_warps = _WS_GATHER_WARPS.value if warp_specialize else warps
+    return {"X_LAYOUT": _gather_layout(br, gather_warps, group_loop),
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
-            "X_HALF_LAYOUT": _gather_layout(br // 2, _WS_GATHER_WARPS.value if warp_specialize else warps)
-            if half else None, "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"),
-            "GROUP_LOOP": not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG}
+            "X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop) if half else None,
+            "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"), "GROUP_LOOP": group_loop}
 
 
 def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
