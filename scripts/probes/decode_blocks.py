@@ -31,7 +31,7 @@ PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 which = sys.argv[1:] or ["indexed", "masked"]
 # name: (tile, register cap of a group loop tried here: None = as the tables say)
 INDEXED = {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), 72), "8x3": ((64, 8, 4, 3), None),
-           "8x2g": ((64, 8, 4, 2), None)}
+           "8x2g": ((64, 8, 4, 2), None), "8x3g": ((64, 8, 4, 3), 64)}
 MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64)},
           16: {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), 128), "32x3g": ((64, 32, 4, 3), 168),
                "16x2g": ((64, 16, 4, 2), None)}}
