@@ -6,7 +6,8 @@ a benchmark.
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
 one K group at a time under the `w4a16_sm90.GROUP_LOOP_MAXNREG` cap, six to eight CTAs an SM),
-on 8- and 16-row routing blocks (indexed) and 16- and 32-row tiles (masked). A tile runs the
+on 8- and 16-row routing blocks (indexed) and 16- and 32-row tiles (masked); "w" tiles: 128
+weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
 flushed; outputs compared bit for bit against the first variant (valid rows for masked; "!"
@@ -31,7 +32,8 @@ PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 which = sys.argv[1:] or ["indexed", "masked"]
 # name: (tile, register cap of a group loop tried here: None = as the tables say)
 INDEXED = {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), 72), "8x3": ((64, 8, 4, 3), None),
-           "8x2g": ((64, 8, 4, 2), None), "8x3g": ((64, 8, 4, 3), 64)}
+           "8x2g": ((64, 8, 4, 2), None), "8x3g": ((64, 8, 4, 3), 64),
+           "w8x2g": ((128, 8, 4, 2), 96), "w16x2g": ((128, 16, 4, 2), 128)}
 MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64)},
           16: {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), 128), "32x3g": ((64, 32, 4, 3), 168),
                "16x2g": ((64, 16, 4, 2), None)}}
