@@ -2,6 +2,7 @@
 a benchmark.
 
     python scripts/probes/decode_blocks.py [indexed] [masked]
+    DECODE_BLOCKS_VARIANTS=8x2g,w8x2g python scripts/probes/decode_blocks.py indexed
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
@@ -16,6 +17,7 @@ Kimi EP8 shapes (48 experts; gate_up N 4096 K 7168, down N 7168 K 2048): indexed
 top-8; masked 8 and 16 tok/expert (counts 0.7-1.3x, max_m 256, the row-slot grid).
 """
 import contextlib
+import os
 import sys
 
 import torch
@@ -34,6 +36,8 @@ which = sys.argv[1:] or ["indexed", "masked"]
 INDEXED = {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), 72), "8x3": ((64, 8, 4, 3), None),
            "8x2g": ((64, 8, 4, 2), None), "8x3g": ((64, 8, 4, 3), 64),
            "w8x2g": ((128, 8, 4, 2), 96), "w16x2g": ((128, 16, 4, 2), 128)}
+if os.environ.get("DECODE_BLOCKS_VARIANTS"):  # a subset, comma-separated names (the first is the reference)
+    INDEXED = {v: INDEXED[v] for v in os.environ["DECODE_BLOCKS_VARIANTS"].split(",")}
 MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64)},
           16: {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), 128), "32x3g": ((64, 32, 4, 3), 168),
                "16x2g": ((64, 16, 4, 2), None)}}
