@@ -394,20 +394,25 @@ def test_gluon_default_for_decode(monkeypatch):
     blocks exist only on the Gluon kernel; an engine override wins."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
 
-    for routes, n, k, stages in ((8, 4096, 7168, 3), (8, 7168, 2048, 2), (32, 4096, 7168, 2),
-                                 (160, 7168, 2048, 2)):  # EP8 1 / 1 / 4 / 20 tokens
+    # EP8 1 / 1 / 4 / 20 tokens; the 20-token down (8 K steps, a full grid) on 128 weight rows
+    for routes, n, k, stages, rows in ((8, 4096, 7168, 3, 64), (8, 7168, 2048, 2, 64), (32, 4096, 7168, 2, 64),
+                                       (160, 7168, 2048, 2, 128)):
         c = w4a16_indexed_config(routes, 48, n, k, gluon=True)
-        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 8, 64, stages, 1), c
+        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 8, rows, stages, 1), c
+        assert (rows == 128) == ("128 weight rows on one warpgroup" in c.reason), c.reason
         assert ((64, 8, 4, stages) in GROUP_LOOP_MAXNREG) == ("the whole-step loop" not in c.reason), c.reason
         assert "K shares" not in c.reason, c.reason  # no split-K on the Gluon kernel
         assert w4a16_indexed_config(routes, 48, n, k).block_m == 16  # off Hopper: the Triton decode tile
     monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", "2")  # a forced stage count beats the thin-grid rule
     assert w4a16_indexed_config(8, 48, 4096, 7168, gluon=True).num_stages == 2
     monkeypatch.delenv("LOWBIT_W4A16_NUM_STAGES")
-    for routes in (256, 400):  # EP8 32 / 50 tokens: the 16-row block's group-loop tile
+    for routes in (256, 400):  # EP8 32 / 50 tokens: the 16-row block's group loop on 128 weight rows
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
-        assert (c.engine, c.block_m, c.block_n, c.num_stages, c.split_k) == ("gluon_rs", 16, 64, 2, 1), c
+        assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages, c.split_k) == ("gluon_rs", 16, 128, 4, 2, 1), c
         assert c.block_m == w4a16_indexed_config(routes, 48, 4096, 7168).block_m
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "64")  # forced weight rows keep the 64-row tile
+    assert w4a16_indexed_config(256, 48, 4096, 7168, gluon=True).block_n == 64
+    monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     c = w4a16_indexed_config(8, 384, 512, 7168, gluon=True)  # TP8 1 token: the 16-row block
     assert (c.engine, c.block_m, c.block_n) == ("gluon_rs", 16, 64), c
     c = w4a16_indexed_config(160, 384, 7168, 256, gluon=True)  # TP8 20 tokens, down: one K step

@@ -264,7 +264,8 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
     else:
         wide = False
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs,
+                                           ep_decode=profile == "EP"), n)
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -275,14 +276,16 @@ def _engine_tiles(engine: str) -> tuple:
 
 
 def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
-                programs: float = float("inf")) -> W4A16Config:
+                programs: float = float("inf"), ep_decode: bool = False) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (a split-K kept only where the register-A kernel splits: `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
     ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
     tile for (64) runs the shared-memory Gluon kernel. `wide`: the heuristics chose the
     routing block's four-warpgroup tile (256 weight rows), which then comes first. `programs`:
     the grid's size, about; too few for a group-loop tile's eight CTAs an SM run its deeper-ring
-    alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced. The reason says
+    alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced; with `ep_decode`
+    (the EP profile), one whose grid and K allow runs its 128-row form
+    (`w4a16_sm90.wide_decode_tile`) unless a stage count or weight rows are forced. The reason says
     what was chosen."""
     if cfg.engine == "triton":
         return cfg
@@ -293,7 +296,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, runs_nloop, tail_rows
+    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, runs_nloop, tail_rows, wide_decode_tile
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -303,6 +306,9 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     tile, note = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide), ""
     if engine == "gluon_rs" and not env_value(env, "num_stages"):
         tile, note = group_loop_tile(tile, programs)
+        if ep_decode and not env_value(env, "block_n"):
+            tile, wide_note = wide_decode_tile(tile, programs, k)
+            note = wide_note or note
     bw, _, warps, stages = tile
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):

@@ -123,8 +123,9 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   64-row blocks at 1024 tokens: 0.84-0.87x the 128-row ones on the 256-row tile too.
 #: 8-row block, and the 16-row block's group-loop tile first, nineteenth session
 #: (`scripts/probes/decode_blocks.py`): see `GROUP_LOOP_MAXNREG`.
-INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3),
-                    (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (64, 32, 4, 4), (128, 32, 8, 4),
+INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3), (128, 8, 4, 2),
+                    (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 16, 4, 2),
+                    (64, 32, 4, 4), (128, 32, 8, 4),
                     (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
                     (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
@@ -190,7 +191,8 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: (2 stages, 128 registers, four CTAs an SM) against the 4-stage step loop with two accumulators
 #: (`SPLIT_ACC_TILES`): gate_up 308.7 vs 304.9, down 153.5 vs 182.0 (two runs: 155.0 vs 180.6):
 #: so only for a short K (`SHORT_K_TILES`).
-GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128}
+GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128,
+                      (128, 8, 4, 2): 96, (128, 16, 4, 2): 128}
 #: Masked tiles whose form for a K of at most `SHORT_K_STEPS` 256-wide steps is a group-loop tile:
 #: a short loop cannot amortize a deep ring's fill, more CTAs an SM overlap the fills (the
 #: measurement above: masked 16 tok/expert, down K 2048 = 8 steps 1.17-1.19x, gate_up K 7168 0.99x).
@@ -1472,6 +1474,29 @@ def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
     if tile in GROUP_LOOP_MAXNREG:
         return tile, f"; one K group at a time under {GROUP_LOOP_MAXNREG[tile]} registers: more CTAs an SM"
     return tile, ""
+
+
+#: EP decode: 128 weight rows on one warpgroup (two m64 wgmmas a group, the group loop) in place
+#: of the 64-row group-loop tile, where its grid keeps `GROUP_LOOP_MIN_PROGRAMS` and K has at most
+#: the listed 256-wide steps: (tile -> (wide tile, max K steps)). A step's fixed work (barriers,
+#: copies, descriptors: about half of the issue-bound loop's 456 instructions) then serves twice
+#: the weights (SASS: 745 instructions a 128-row step against 2 x 456), at five (96 registers) or
+#: four (128) CTAs an SM. H200, twentieth session (`scripts/probes/decode_blocks.py`, Kimi EP8,
+#: same process, bit-identical, us, 64-row -> 128-row): 8-row blocks, down (K 8 steps) at 4 / 8 /
+#: 16 tokens 57.4 -> 53.6, 95.2 -> 89.0, 106.6 -> 99.7, one token 29.8 -> 31.3 (448 programs);
+#: gate_up (28 steps) 109.5 -> 113.1, 179.9 -> 173.8, 198.8 -> 202.6 (not taken); 16-row blocks
+#: at 32 / 50 tokens gate_up 241.5 -> 225.5, 246.0 -> 229.5, down 128.4 -> 120.4, 130.5 -> 122.2.
+WIDE_DECODE_TILES = {(64, 8, 4, 2): ((128, 8, 4, 2), 8), (64, 16, 4, 2): ((128, 16, 4, 2), 1 << 30)}
+
+
+def wide_decode_tile(tile: tuple, programs: float, k: int) -> tuple[tuple, str]:
+    """The indexed EP decode tile to run in place of the group-loop `tile` on a grid of about
+    `programs` 64-row programs and this K, and a note for the reason (`WIDE_DECODE_TILES`)."""
+    wide, max_steps = WIDE_DECODE_TILES.get(tuple(tile), (None, 0))
+    if wide and triton.cdiv(k, 256) <= max_steps and programs / 2 >= GROUP_LOOP_MIN_PROGRAMS:
+        return wide, (f"; 128 weight rows on one warpgroup, one K group at a time under {GROUP_LOOP_MAXNREG[wide]} "
+                      f"registers (H200 EP8 decode 1.04-1.09x the 64-row tile)")
+    return tuple(tile), ""
 
 
 def runs_nloop(tile: tuple, k: int) -> bool:
