@@ -38,7 +38,8 @@ INDEXED = {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), 72), "8x3":
            "w8x2g": ((128, 8, 4, 2), 96), "w16x2g": ((128, 16, 4, 2), 128)}
 if os.environ.get("DECODE_BLOCKS_VARIANTS"):  # a subset, comma-separated names (the first is the reference)
     INDEXED = {v: INDEXED[v] for v in os.environ["DECODE_BLOCKS_VARIANTS"].split(",")}
-MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64)},
+MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64),
+              "w16x2g": ((128, 16, 4, 2), None)},
           16: {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), 128), "32x3g": ((64, 32, 4, 3), 168),
                "16x2g": ((64, 16, 4, 2), None)}}
 

@@ -145,7 +145,7 @@ INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3), (128, 8, 4, 2),
 #: 64x16 tile; 16 tok 256x32 1.01x / 1.05x the 64x32; 32 tok 256x32 0.83x / 0.79x the 256x64.
 GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
                   (64, 128, 4, 3), (64, 32, 4, 4), (64, 32, 4, 2), (128, 32, 8, 4), (64, 16, 4, 2), (64, 16, 4, 3),
-                  (64, 16, 4, 4), (128, 16, 8, 4))
+                  (64, 16, 4, 4), (128, 16, 8, 4), (128, 16, 4, 2))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
