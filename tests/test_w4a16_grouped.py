@@ -375,16 +375,17 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
     assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_ws", 256, 64, 16), m32
     assert "runs the 32-row tile" in m32.reason, m32  # `WS_TAIL_TILES`
-    for em, rows in ((8, 16), (16, 32)):
+    for em, rows, bw in ((8, 16, 128), (16, 32, 64)):  # 8 tok/expert: the 16-row group loop on 128 weight rows
         c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
-        assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 64, rows, 4), c
+        assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", bw, rows, 4), c
     assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8).engine == "triton"
 
 
 def test_masked_decode_group_loop_tiles(monkeypatch):
     """Masked decode tiles (`w4a16_sm90.GROUP_LOOP_MAXNREG`): 8 tok/expert runs the 16-row tile on
-    the group loop (2 stages) unless the grid is too thin for its CTAs (12 experts' gate_up: the
-    3-stage step loop), or a stage count is forced; 16 tok/expert the 32-row step loop (4 stages,
+    the group loop (2 stages), on 128 weight rows where the grid keeps enough programs
+    (`WIDE_DECODE_TILES`), unless the grid is too thin for its CTAs (12 experts' gate_up: the
+    3-stage step loop), or a stage count or the weight rows are forced; 16 tok/expert the 32-row step loop (4 stages,
     two accumulators) at gate_up's long K and its group-loop form at down's K of 8 steps
     (`SHORT_K_TILES`). Every tile picked is one the kernel is built for."""
     from lowbit.kernels import w4a16_sm90 as sm90
@@ -393,13 +394,18 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     assert all(t[2] == 4 for t in sm90.GROUP_LOOP_MAXNREG)  # one warpgroup: the loop's register budget
     assert set(sm90.THIN_GRID_TILES) <= set(sm90.GROUP_LOOP_MAXNREG)
     assert set(sm90.SHORT_K_TILES.values()) <= set(sm90.GROUP_LOOP_MAXNREG) & set(sm90.GLUON_RS_TILES)
-    cases = ((48, 8, 4096, 7168, (64, 16, 4, 2)), (48, 8, 7168, 2048, (64, 16, 4, 2)),
+    cases = ((48, 8, 4096, 7168, (128, 16, 4, 2)), (48, 8, 7168, 2048, (128, 16, 4, 2)),
+             (24, 8, 4096, 7168, (64, 16, 4, 2)),  # 24 x 64 programs: the 64-row group loop, not its 128-row form
              (12, 8, 4096, 7168, (64, 16, 4, 3)),  # 12 x 64 programs < GROUP_LOOP_MIN_PROGRAMS
              (48, 16, 4096, 7168, (64, 32, 4, 4)), (48, 16, 7168, 2048, (64, 32, 4, 2)))
     for g, em, n, k, tile in cases:
         c = w4a16_grouped_config("masked", g * 256, n, k, g, em, gluon=True)
         assert (c.block_n, c.block_m, c.num_warps, c.num_stages) == tile, (g, em, n, k, c)
         assert ("one K group at a time" in c.reason) == (tile in sm90.GROUP_LOOP_MAXNREG), c.reason
+    monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "64")
+    c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True)
+    assert (c.block_n, c.block_m, c.num_stages) == (64, 16, 2), c
+    monkeypatch.delenv("LOWBIT_W4A16_GROUPED_BLOCK_N")
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_NUM_STAGES", "3")
     c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True)
     assert (c.block_m, c.num_stages) == (16, 3), c

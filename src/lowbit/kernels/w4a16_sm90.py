@@ -1476,9 +1476,10 @@ def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
     return tile, ""
 
 
-#: EP decode: 128 weight rows on one warpgroup (two m64 wgmmas a group, the group loop) in place
-#: of the 64-row group-loop tile, where its grid keeps `GROUP_LOOP_MIN_PROGRAMS` and K has at most
-#: the listed 256-wide steps: (tile -> (wide tile, max K steps)). A step's fixed work (barriers,
+#: EP decode (indexed) and masked decode: 128 weight rows on one warpgroup (two m64 wgmmas a
+#: group, the group loop) in place of the 64-row group-loop tile, where its grid keeps
+#: `GROUP_LOOP_MIN_PROGRAMS` and K has at most the listed 256-wide steps: (tile -> (wide tile,
+#: max K steps)). A step's fixed work (barriers,
 #: copies, descriptors: about half of the issue-bound loop's 456 instructions) then serves twice
 #: the weights (SASS: 745 instructions a 128-row step against 2 x 456), at five (96 registers) or
 #: four (128) CTAs an SM. H200, twentieth session (`scripts/probes/decode_blocks.py`, Kimi EP8,
@@ -1486,6 +1487,7 @@ def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
 #: 16 tokens 57.4 -> 53.6, 95.2 -> 89.0, 106.6 -> 99.7, one token 29.8 -> 31.3 (448 programs);
 #: gate_up (28 steps) 109.5 -> 113.1, 179.9 -> 173.8, 198.8 -> 202.6 (not taken); 16-row blocks
 #: at 32 / 50 tokens gate_up 241.5 -> 225.5, 246.0 -> 229.5, down 128.4 -> 120.4, 130.5 -> 122.2.
+#: Masked 8 tok/expert (the 16-row group loop, same probe): gate_up 244.5 -> 231.1, down 125.8 -> 120.7.
 WIDE_DECODE_TILES = {(64, 8, 4, 2): ((128, 8, 4, 2), 8), (64, 16, 4, 2): ((128, 16, 4, 2), 1 << 30)}
 
 
