@@ -218,7 +218,7 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
     pick among that kernel's tiles when set. `wide`: the heuristics chose the four-warpgroup tile
     (256 weight rows), which then comes first. `programs`: the grid's size, about, for a
     group-loop tile (`w4a16_sm90.group_loop_tile`, unless a stage count is forced), and for
-    masked its 128-row form where the grid allows (`w4a16_sm90.wide_decode_tile`, unless weight
+    masked its 128-row form where the grid allows (`w4a16_sm90.WIDE_DECODE_TILES`, unless weight
     rows are forced too); `k`: a short masked K runs `w4a16_sm90.SHORT_K_TILES`' form. The reason
     says what was chosen."""
     if cfg.engine == "triton":
@@ -233,15 +233,12 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
         rows = CONTIGUOUS_ALIGNMENT
     tile, note = pick_gluon_tile(tiles, rows, cfg, env, wide), ""
     if cfg.engine == "gluon_rs" and not env_value(env, "num_stages"):
-        from .w4a16_sm90 import SHORT_K_STEPS, SHORT_K_TILES, group_loop_tile, wide_decode_tile
+        from .w4a16_sm90 import SHORT_K_STEPS, SHORT_K_TILES, group_loop_tile
 
         short = mode == "masked" and tile in SHORT_K_TILES and 0 < k <= 256 * SHORT_K_STEPS
         if short:
             tile = SHORT_K_TILES[tile]
-        tile, note = group_loop_tile(tile, programs)
-        if mode == "masked" and not env_value(env, "block_n"):
-            tile, wide_note = wide_decode_tile(tile, programs, k)
-            note = wide_note or note
+        tile, note = group_loop_tile(tile, programs, k, wide=mode == "masked" and not env_value(env, "block_n"))
         if short:
             note += f" (K of at most {SHORT_K_STEPS} steps; H200 masked 16 tok/expert down 1.17-1.19x)"
     bw, br, warps, stages = tile

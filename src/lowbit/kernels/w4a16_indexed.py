@@ -278,14 +278,15 @@ def _engine_tiles(engine: str) -> tuple:
 def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
                 programs: float = float("inf"), ep_decode: bool = False) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
-    the same routing block size (a split-K kept only where the register-A kernel splits: `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and
-    ``_NUM_STAGES`` pick among its tiles when set. A routing block the register-A kernel has no
+    the same routing block size (a split-K kept only where the register-A kernel splits:
+    `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and ``_NUM_STAGES`` pick among its
+    tiles when set. A routing block the register-A kernel has no
     tile for (64) runs the shared-memory Gluon kernel. `wide`: the heuristics chose the
     routing block's four-warpgroup tile (256 weight rows), which then comes first. `programs`:
     the grid's size, about; too few for a group-loop tile's eight CTAs an SM run its deeper-ring
     alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced; with `ep_decode`
-    (the EP profile), one whose grid and K allow runs its 128-row form
-    (`w4a16_sm90.wide_decode_tile`) unless a stage count or weight rows are forced. The reason says
+    (the EP profile), one whose grid and K allow runs its 128-row form (`WIDE_DECODE_TILES`)
+    unless a stage count or weight rows are forced. The reason says
     what was chosen."""
     if cfg.engine == "triton":
         return cfg
@@ -296,7 +297,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, runs_nloop, tail_rows, wide_decode_tile
+    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -305,10 +306,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         tiles = tuple(t for t in tiles if runs_nloop(t, k)) + tiles
     tile, note = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide), ""
     if engine == "gluon_rs" and not env_value(env, "num_stages"):
-        tile, note = group_loop_tile(tile, programs)
-        if ep_decode and not env_value(env, "block_n"):
-            tile, wide_note = wide_decode_tile(tile, programs, k)
-            note = wide_note or note
+        tile, note = group_loop_tile(tile, programs, k, wide=ep_decode and not env_value(env, "block_n"))
     bw, _, warps, stages = tile
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):

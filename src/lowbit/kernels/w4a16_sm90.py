@@ -203,12 +203,12 @@ SHORT_K_STEPS = 8
 #: bytes in flight. H200, nineteenth session, Kimi EP8 one token: gate_up (512 programs) 64x8
 #: 2 stages 74.3 us, 3 stages 50.1 (64x16: 51.7); down (896 programs) 2 stages 30.6, 3 stages
 #: 31.8 (64x16: 33.2).
+THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3), (64, 16, 4, 2): (64, 16, 4, 3)}
+GROUP_LOOP_MIN_PROGRAMS = 6 * H200_NUM_SMS
 #: The register-A indexed decode tiles whose split-K form the compile tier builds (any tile
 #: splits under ``LOWBIT_W4A16_SPLIT_K``; the heuristics never split: `w4a16_indexed._RS_SPLIT_K`
 #: has the measurements).
 INDEXED_SPLIT_TILES = ((64, 8, 4, 3), (64, 8, 4, 2))
-THIN_GRID_TILES = {(64, 8, 4, 2): (64, 8, 4, 3), (64, 16, 4, 2): (64, 16, 4, 3)}
-GROUP_LOOP_MIN_PROGRAMS = 6 * H200_NUM_SMS
 #: Four-warpgroup masked tiles whose rows are not a power of two (`_w4a16_grouped_split_kernel`,
 #: two accumulators), (weight rows, rows, warps, stages): 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32.
 #: Humming 0.1.20 picks 40-48 and 80-88-row tiles there. H200, thirteenth session
@@ -1461,12 +1461,18 @@ def wide_tile_pays(row_blocks: float, n: int) -> bool:
     return row_blocks * triton.cdiv(n, 256) >= WIDE_TILE_MIN_PROGRAMS
 
 
-def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
+def group_loop_tile(tile: tuple, programs: float, k: int = 0, wide: bool = False) -> tuple[tuple, str]:
     """The register-A tile to run in place of the heuristics' `tile` for a grid of about
-    `programs` programs, and a note for their reason: a group-loop tile (`GROUP_LOOP_MAXNREG`)
-    on a grid under `GROUP_LOOP_MIN_PROGRAMS` runs its deeper-ring alternative
-    (`THIN_GRID_TILES`)."""
+    `programs` 64-row programs and this K, and a note for their reason: a group-loop tile
+    (`GROUP_LOOP_MAXNREG`) on a grid under `GROUP_LOOP_MIN_PROGRAMS` runs its deeper-ring
+    alternative (`THIN_GRID_TILES`); with `wide` (the caller's family and overrides allow it),
+    one whose 128-row grid still keeps that many programs and whose K is short enough runs its
+    128-weight-row form (`WIDE_DECODE_TILES`)."""
     tile = tuple(tile)
+    big, max_steps = WIDE_DECODE_TILES.get(tile, (None, 0))
+    if wide and big and triton.cdiv(k, 256) <= max_steps and programs / 2 >= GROUP_LOOP_MIN_PROGRAMS:
+        return big, (f"; 128 weight rows on one warpgroup, one K group at a time under {GROUP_LOOP_MAXNREG[big]} "
+                     f"registers (H200 EP8 decode 1.04-1.09x the 64-row tile)")
     if tile in THIN_GRID_TILES and programs < GROUP_LOOP_MIN_PROGRAMS:
         return THIN_GRID_TILES[tile], (f"; under {GROUP_LOOP_MIN_PROGRAMS} programs the whole-step loop, "
                                        f"{THIN_GRID_TILES[tile][3]} stages (H200 EP8 1 token gate_up: 50.1 us vs "
@@ -1476,12 +1482,11 @@ def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
     return tile, ""
 
 
-#: EP decode (indexed) and masked decode: 128 weight rows on one warpgroup (two m64 wgmmas a
-#: group, the group loop) in place of the 64-row group-loop tile, where its grid keeps
-#: `GROUP_LOOP_MIN_PROGRAMS` and K has at most the listed 256-wide steps: (tile -> (wide tile,
-#: max K steps)). A step's fixed work (barriers,
-#: copies, descriptors: about half of the issue-bound loop's 456 instructions) then serves twice
-#: the weights (SASS: 745 instructions a 128-row step against 2 x 456), at five (96 registers) or
+#: EP decode (indexed) and masked decode (`group_loop_tile` with `wide`): 128 weight rows on one
+#: warpgroup (two m64 wgmmas a group, the group loop) in place of the 64-row group-loop tile,
+#: where its grid keeps `GROUP_LOOP_MIN_PROGRAMS` and K has at most the listed 256-wide steps:
+#: (tile -> (wide tile, max K steps)). A step's fixed work (barriers, copies, descriptors: about
+#: half of the issue-bound loop's 456 instructions) then serves twice the weights (SASS: 745 instructions a 128-row step against 2 x 456), at five (96 registers) or
 #: four (128) CTAs an SM. H200, twentieth session (`scripts/probes/decode_blocks.py`, Kimi EP8,
 #: same process, bit-identical, us, 64-row -> 128-row): 8-row blocks, down (K 8 steps) at 4 / 8 /
 #: 16 tokens 57.4 -> 53.6, 95.2 -> 89.0, 106.6 -> 99.7, one token 29.8 -> 31.3 (448 programs);
@@ -1489,16 +1494,6 @@ def group_loop_tile(tile: tuple, programs: float) -> tuple[tuple, str]:
 #: at 32 / 50 tokens gate_up 241.5 -> 225.5, 246.0 -> 229.5, down 128.4 -> 120.4, 130.5 -> 122.2.
 #: Masked 8 tok/expert (the 16-row group loop, same probe): gate_up 244.5 -> 231.1, down 125.8 -> 120.7.
 WIDE_DECODE_TILES = {(64, 8, 4, 2): ((128, 8, 4, 2), 8), (64, 16, 4, 2): ((128, 16, 4, 2), 1 << 30)}
-
-
-def wide_decode_tile(tile: tuple, programs: float, k: int) -> tuple[tuple, str]:
-    """The indexed EP decode tile to run in place of the group-loop `tile` on a grid of about
-    `programs` 64-row programs and this K, and a note for the reason (`WIDE_DECODE_TILES`)."""
-    wide, max_steps = WIDE_DECODE_TILES.get(tuple(tile), (None, 0))
-    if wide and triton.cdiv(k, 256) <= max_steps and programs / 2 >= GROUP_LOOP_MIN_PROGRAMS:
-        return wide, (f"; 128 weight rows on one warpgroup, one K group at a time under {GROUP_LOOP_MAXNREG[wide]} "
-                      f"registers (H200 EP8 decode 1.04-1.09x the 64-row tile)")
-    return tuple(tile), ""
 
 
 def runs_nloop(tile: tuple, k: int) -> bool:
