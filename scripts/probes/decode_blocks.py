@@ -3,11 +3,18 @@ a benchmark.
 
     python scripts/probes/decode_blocks.py [indexed] [masked]
     DECODE_BLOCKS_VARIANTS=8x2g,w8x2g python scripts/probes/decode_blocks.py indexed
+    python scripts/probes/decode_blocks.py mid
+    python scripts/probes/decode_blocks.py wide64
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
 one K group at a time under the `w4a16_sm90.GROUP_LOOP_MAXNREG` cap, six to eight CTAs an SM),
-on 8- and 16-row routing blocks (indexed) and 16- and 32-row tiles (masked); "w" tiles: 128
+on 8- and 16-row routing blocks (indexed) and 16- and 32-row tiles (masked); "mid": the 32-row
+routing block (EP8 64-190 tokens, TP8 1024 tokens gate_up) and masked 16 tok/expert with the
+32-row tile's 128-row form (half tail included, as the 64-row tile has it); "wide64": the 64-row
+routing block / masked 32 tok/expert, the warp-specialized four-warpgroup 256x64 against
+one-warpgroup group loops of 64 and 128 weight rows, and the 16- against the 32-row block at
+32-64 tokens; "w" tiles: 128
 weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
@@ -45,15 +52,19 @@ MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "
 
 
 @contextlib.contextmanager
-def group_loop(tile, cap):
+def group_loop(tile, cap, masked_half_tail=False):
     saved = dict(sm90.GROUP_LOOP_MAXNREG)
+    saved_tails = sm90.HALF_TAIL_TILES["masked"]
     if cap:
         sm90.GROUP_LOOP_MAXNREG[tile] = cap
+    if masked_half_tail:
+        sm90.HALF_TAIL_TILES["masked"] = saved_tails + (tile,)
     try:
         yield
     finally:
         sm90.GROUP_LOOP_MAXNREG.clear()
         sm90.GROUP_LOOP_MAXNREG.update(saved)
+        sm90.HALF_TAIL_TILES["masked"] = saved_tails
 
 
 def report(label, outs, t, byts, valid=None):
@@ -102,3 +113,85 @@ if "masked" in which:
                                                    row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
             report(f"masked {tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
                    E * n * kk * (0.5 + 2 / 32), valid)
+
+if "mid" in which:
+    MID = {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), None), "w32x2g": ((128, 32, 4, 2), 128),
+           "w32x3g": ((128, 32, 4, 3), 128)}
+    for label, e, tok, projs in (("EP8", E, 64, PROJ), ("EP8", E, 100, PROJ), ("EP8", E, 150, PROJ),
+                                 ("EP8", E, 190, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),)),
+                                 ("TP8", 384, 512, (("gate_up", 512, 7168),))):
+        ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
+        r = routing.moe_align_block_size(ids, 32, e)
+        hit = int(torch.unique(ids).numel())
+        for i, (proj, n, kk) in enumerate(projs):
+            top_k = 8 if i == 0 else 1
+            w = pack_w4a16(make_weight(e, n, kk, "cuda"))
+            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in MID}
+
+            def launch(v):
+                tile, cap = MID[v]
+                with group_loop(tile, cap):
+                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                                   top_k, None, outs[v], tile, True, False)
+            report(f"{label} t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in MID}),
+                   hit * n * kk * (0.5 + 2 / 32))
+    plan = {"32x4": ((64, 32, 4, 4), None, False), "32x2g": ((64, 32, 4, 2), None, False),
+            "w32x2g": ((128, 32, 4, 2), 128, True), "w32x2g-nt": ((128, 32, 4, 2), 128, False)}
+    for tok in (16, 24):
+        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
+        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
+            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
+
+            def launch(v):
+                tile, cap, tail = plan[v]
+                with group_loop(tile, cap, tail):
+                    sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
+                                                   row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
+            report(f"masked {tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+                   E * n * kk * (0.5 + 2 / 32), valid)
+
+if "wide64" in which:
+    # name: (tile, register cap of a group loop (None: not one), warp-specialized)
+    BLOCKS = {"w16x2g": ((128, 16, 4, 2), None, False), "w32x2g": ((128, 32, 4, 2), 128, False)}
+    WIDE = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False),
+            "64x2g": ((64, 64, 4, 2), 128, False)}
+    for tok, plan in ((32, BLOCKS), (50, BLOCKS), (64, BLOCKS), (256, WIDE), (384, WIDE)):
+        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
+        rts = {br: routing.moe_align_block_size(ids, br, E) for br in {v[0][1] for v in plan.values()}}
+        hit = int(torch.unique(ids).numel())
+        for i, (proj, n, kk) in enumerate(PROJ):
+            top_k = 8 if i == 0 else 1
+            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
+            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
+
+            def launch(v):
+                tile, cap, ws = plan[v]
+                r = rts[tile[1]]
+                with group_loop(tile, cap):
+                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                                   top_k, None, outs[v], tile, True, ws)
+            report(f"EP8 t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+                   hit * n * kk * (0.5 + 2 / 32))
+    plan = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False),
+            "64x2g": ((64, 64, 4, 2), 128, False)}
+    for e, tok in ((E, 32), (E, 40), (24, 32), (12, 32)):
+        counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
+        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+        for proj, n, kk in PROJ:
+            w = pack_w4a16_grouped(make_weight(e, n, kk, "cuda"), mode="masked")
+            a = torch.randn(e * 256, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.zeros(e * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
+
+            def launch(v):
+                tile, cap, ws = plan[v]
+                slots = 0 if ws else sm90.masked_row_slots(1.3 * tok, 256, tile[1])
+                with group_loop(tile, cap, masked_half_tail=not ws):
+                    sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
+                                                   warp_specialize=ws, row_slots=slots)
+            report(f"masked E{e} {tok} {proj}", outs,
+                   measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}), e * n * kk * (0.5 + 2 / 32), valid)
