@@ -367,17 +367,19 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     assert w4a16_grouped_config("contiguous", 6144, 4096, 7168, 48).engine == "triton"
     for mode, m, n, k, ex, engine in (("contiguous", 1536, 4096, 7168, 0, "gluon_ws"),  # EP32 gate_up: 192 programs
                                       ("contiguous", 1536, 7168, 2048, 0, "gluon_rs"),  # EP32 down: 336
-                                      ("masked", 12 * 256, 4096, 7168, 32, "gluon_ws"),
-                                      ("masked", 24 * 256, 4096, 7168, 32, "gluon_ws")):  # EP16: 384, 256 rows
+                                      ("masked", 24 * 256, 4096, 7168, 64, "gluon_ws")):  # EP16 masked 64: split 96
         c = w4a16_grouped_config(mode, m, n, k, m // 128 if mode == "contiguous" else m // 256, ex, gluon=True)
-        wide = engine == "gluon_rs" or m == 24 * 256  # the masked four-warpgroup tile runs warp-specialized
+        wide = engine == "gluon_rs" or mode == "masked"  # the masked four-warpgroup tile runs warp-specialized
         assert c.engine == engine and c.block_n == (256 if wide else 128), (mode, m, n, c)
-    m32 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 32, gluon=True)
-    assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_ws", 256, 64, 16), m32
-    assert "runs the 32-row tile" in m32.reason, m32  # `WS_TAIL_TILES`
-    for em, rows, bw in ((8, 16, 128), (16, 32, 64)):  # 8 tok/expert: the 16-row group loop on 128 weight rows
+    for g in (48, 24, 12):  # masked 32 tok/expert: the 64-row tile on one warpgroup, with its half tail
+        m32 = w4a16_grouped_config("masked", g * 256, 4096, 7168, g, 32, gluon=True)
+        assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_rs", 128, 64, 4), m32
+        assert "runs the 32-row tile" in m32.reason, m32  # `HALF_TAIL_TILES`
+    m64 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 64, gluon=True)  # past one 64-row tile
+    assert (m64.engine, m64.block_n, m64.block_m) == ("gluon_ws", 256, 96), m64
+    for em, rows in ((8, 16), (16, 32)):  # the 16- / 32-row group loops on 128 weight rows
         c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
-        assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", bw, rows, 4), c
+        assert (c.engine, c.block_n, c.block_m, c.num_warps) == ("gluon_rs", 128, rows, 4), c
     assert w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8).engine == "triton"
 
 
@@ -385,9 +387,11 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     """Masked decode tiles (`w4a16_sm90.GROUP_LOOP_MAXNREG`): 8 tok/expert runs the 16-row tile on
     the group loop (2 stages), on 128 weight rows where the grid keeps enough programs
     (`WIDE_DECODE_TILES`), unless the grid is too thin for its CTAs (12 experts' gate_up: the
-    3-stage step loop), or a stage count or the weight rows are forced; 16 tok/expert the 32-row step loop (4 stages,
-    two accumulators) at gate_up's long K and its group-loop form at down's K of 8 steps
-    (`SHORT_K_TILES`). Every tile picked is one the kernel is built for."""
+    3-stage step loop), or a stage count or the weight rows are forced; 16 tok/expert the 32-row
+    tile's 128-row group loop where the grid allows, else the 32-row step loop (4 stages, two
+    accumulators) at gate_up's long K and its group-loop form at down's K of 8 steps
+    (`SHORT_K_TILES`); 32 tok/expert the one-warpgroup 128x64. Every tile picked is one the
+    kernel is built for."""
     from lowbit.kernels import w4a16_sm90 as sm90
 
     assert set(sm90.GROUP_LOOP_MAXNREG) <= set(sm90.GLUON_RS_TILES) | set(sm90.INDEXED_RS_TILES)
@@ -397,7 +401,9 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     cases = ((48, 8, 4096, 7168, (128, 16, 4, 2)), (48, 8, 7168, 2048, (128, 16, 4, 2)),
              (24, 8, 4096, 7168, (64, 16, 4, 2)),  # 24 x 64 programs: the 64-row group loop, not its 128-row form
              (12, 8, 4096, 7168, (64, 16, 4, 3)),  # 12 x 64 programs < GROUP_LOOP_MIN_PROGRAMS
-             (48, 16, 4096, 7168, (64, 32, 4, 4)), (48, 16, 7168, 2048, (64, 32, 4, 2)))
+             (48, 16, 4096, 7168, (128, 32, 4, 2)), (48, 16, 7168, 2048, (128, 32, 4, 2)),
+             (12, 16, 4096, 7168, (64, 32, 4, 4)), (12, 16, 7168, 2048, (64, 32, 4, 2)),  # thin: the 64-row forms
+             (48, 32, 4096, 7168, (128, 64, 4, 2)), (12, 32, 7168, 2048, (128, 64, 4, 2)))
     for g, em, n, k, tile in cases:
         c = w4a16_grouped_config("masked", g * 256, n, k, g, em, gluon=True)
         assert (c.block_n, c.block_m, c.num_warps, c.num_stages) == tile, (g, em, n, k, c)
@@ -436,11 +442,12 @@ def test_tail_tiles_are_offered_and_reported():
     assert sm90.tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64
     assert sm90.tail_rows((256, 128, 16, 2), "gluon_rs", "contiguous") == 0
     assert sm90.tail_rows((256, 128, 16, 2), "gluon_ws", "indexed") == 0
-    for em, rows, tail in ((16, 32, 16), (32, 64, 32), (64, 96, 64)):
-        c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
+    for g, em, rows, tail in ((12, 16, 32, 16), (48, 32, 64, 32), (48, 64, 96, 64)):
+        c = w4a16_grouped_config("masked", g * 256, 4096, 7168, g, em, gluon=True)
         assert c.block_m == rows and f"runs the {tail}-row tile" in c.reason, c
-    c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True)
-    assert "-row tile (H200 masked" not in c.reason, c
+    for em in (8, 16):  # the 16- and 32-row tiles on 128 weight rows: no tail (16 tok/expert: measured level)
+        c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, em, gluon=True)
+        assert "-row tile (H200 masked" not in c.reason, c
 
 
 def test_gluon_capable_needs_hopper():

@@ -52,19 +52,23 @@ MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "
 
 
 @contextlib.contextmanager
-def group_loop(tile, cap, masked_half_tail=False):
+def group_loop(tile, cap, masked_half_tail=None, indexed_half_tail=None):
+    """Run `tile` on the group loop under `cap` registers (None: as the tables say), with or
+    without the half tail of each family (None: as `HALF_TAIL_TILES` says)."""
     saved = dict(sm90.GROUP_LOOP_MAXNREG)
-    saved_tails = sm90.HALF_TAIL_TILES["masked"]
+    saved_tails = dict(sm90.HALF_TAIL_TILES)
     if cap:
         sm90.GROUP_LOOP_MAXNREG[tile] = cap
-    if masked_half_tail:
-        sm90.HALF_TAIL_TILES["masked"] = saved_tails + (tile,)
+    for family, on in (("masked", masked_half_tail), ("indexed", indexed_half_tail)):
+        if on is not None:
+            rest = tuple(t for t in saved_tails[family] if t != tuple(tile))
+            sm90.HALF_TAIL_TILES[family] = rest + ((tuple(tile),) if on else ())
     try:
         yield
     finally:
         sm90.GROUP_LOOP_MAXNREG.clear()
         sm90.GROUP_LOOP_MAXNREG.update(saved)
-        sm90.HALF_TAIL_TILES["masked"] = saved_tails
+        sm90.HALF_TAIL_TILES.update(saved_tails)
 
 
 def report(label, outs, t, byts, valid=None):
@@ -158,8 +162,11 @@ if "wide64" in which:
     # name: (tile, register cap of a group loop (None: not one), warp-specialized)
     BLOCKS = {"w16x2g": ((128, 16, 4, 2), None, False), "w32x2g": ((128, 32, 4, 2), 128, False)}
     WIDE = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False),
-            "64x2g": ((64, 64, 4, 2), 128, False)}
-    for tok, plan in ((32, BLOCKS), (50, BLOCKS), (64, BLOCKS), (256, WIDE), (384, WIDE)):
+            "w64x2g-t": ((128, 64, 4, 2), 168, False, True)}
+    plans = [(t, BLOCKS) for t in (32, 50, 64)] + [(t, WIDE) for t in (256, 320, 384, 512)]
+    if os.environ.get("WIDE64_TOKENS"):  # a subset, comma-separated token counts
+        plans = [(t, p) for t, p in plans if str(t) in os.environ["WIDE64_TOKENS"].split(",")]
+    for tok, plan in plans:
         ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
         rts = {br: routing.moe_align_block_size(ids, br, E) for br in {v[0][1] for v in plan.values()}}
         hit = int(torch.unique(ids).numel())
@@ -170,16 +177,15 @@ if "wide64" in which:
             outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
 
             def launch(v):
-                tile, cap, ws = plan[v]
+                tile, cap, ws, *tail = plan[v]
                 r = rts[tile[1]]
-                with group_loop(tile, cap):
+                with group_loop(tile, cap, indexed_half_tail=tail[0] if tail else None):
                     sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
                                                    top_k, None, outs[v], tile, True, ws)
             report(f"EP8 t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
                    hit * n * kk * (0.5 + 2 / 32))
-    plan = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False),
-            "64x2g": ((64, 64, 4, 2), 128, False)}
-    for e, tok in ((E, 32), (E, 40), (24, 32), (12, 32)):
+    plan = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False)}
+    for e, tok in ((E, 32), (E, 40), (24, 32), (12, 32)) if not os.environ.get("WIDE64_TOKENS") else ():
         counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
         valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
         for proj, n, kk in PROJ:
@@ -190,7 +196,7 @@ if "wide64" in which:
             def launch(v):
                 tile, cap, ws = plan[v]
                 slots = 0 if ws else sm90.masked_row_slots(1.3 * tok, 256, tile[1])
-                with group_loop(tile, cap, masked_half_tail=not ws):
+                with group_loop(tile, cap, masked_half_tail=True if not ws else None):
                     sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
                                                    warp_specialize=ws, row_slots=slots)
             report(f"masked E{e} {tok} {proj}", outs,

@@ -122,7 +122,9 @@ def _tile_for_rows(rows: float) -> int:
 #: 256-row: contiguous 128 rows/expert gate_up 631.6 vs 635.7, down 372.4 vs 352.3; 256 rows
 #: 1385.1 vs 1239.0 and 746.8 vs 669.1; 512 rows 2732.8 vs 2526.5 and 1470.8 vs 1375.1; masked
 #: 32 tok/expert (x64 tiles) 485.6 vs 470.8 and 292.4 vs 245.6; 64 tok 705.5 vs 622.4 and
-#: 386.5 vs 335.7.
+#: 386.5 vs 335.7. Twenty-first session: a masked expert whose expected rows (x1.3) fit one
+#: 64-row tile runs the one-warpgroup 128x64 group loop instead (`w4a16_sm90.GROUP_LOOP_MAXNREG`:
+#: masked 32 tok/expert EP8 / 16 / 32 1.04-1.18x the warp-specialized 256x64).
 _WIDE_MIN_ROWS = 64
 #: The masked heuristics' spread of real counts around expected_m (DeepGEMM's rule): the M tile
 #: and the Gluon grid's programs an expert (`w4a16_sm90.masked_row_slots`) hold 1.3x expected_m.
@@ -144,7 +146,10 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         why = f"masked: expected_m={expected_m} (x1.3 spread) -> one {bm}-row tile per expert"
     cfg = tile_config(bm, why)
     split, wide = 0, False
-    if gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
+    if gluon and mode == "masked" and bm == 64 and MASKED_SPREAD * expected_m <= 64:
+        cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 128 weight rows on one "
+                      "warpgroup (H200 masked 32 tok/expert EP8 / 16 / 32: 1.04-1.18x the warp-specialized 256x64)")
+    elif gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
         from .w4a16_sm90 import GLUON_WS_TILES, split_tile_rows, wide_tile_pays
 
         # masked past 64 expected rows: one split tile an expert (80 / 96 rows) instead of two 64-row ones
@@ -238,7 +243,8 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
         short = mode == "masked" and tile in SHORT_K_TILES and 0 < k <= 256 * SHORT_K_STEPS
         if short:
             tile = SHORT_K_TILES[tile]
-        tile, note = group_loop_tile(tile, programs, k, wide=mode == "masked" and not env_value(env, "block_n"))
+        family = "masked" if mode == "masked" and not env_value(env, "block_n") else ""
+        tile, note = group_loop_tile(tile, programs, k, family=family)
         if short:
             note += f" (K of at most {SHORT_K_STEPS} steps; H200 masked 16 tok/expert down 1.17-1.19x)"
     bw, br, warps, stages = tile

@@ -171,9 +171,12 @@ ENV_OVERRIDES = override_names("W4A16")
 #:   tokens (tok_e 17-32): 64x32 329.3 / 191.7, 358.4 / 218.5, 462.9 / 268.9 against Triton 32-row
 #:   439.1 / 236.9, 481.1 / 262.5, 612.1 / 320.4 and 64x16 378.9 / 221.5, 502.3 / 288.4, 592.5 /
 #:   331.6; TP8 1024 tokens gate_up 64x32 343.0 vs 128x32 396.0, the Triton tiles no longer win.
+#: Twenty-first session (`scripts/probes/decode_blocks.py wide64`, both blocks on their 128-row
+#:   group-loop tiles): EP8 32 / 50 / 64 tokens (tok_e 5.3 / 8.3 / 10.7), 16-row 221.7 / 117.9,
+#:   228.5 / 119.9, 230.9 / 122.0 against 32-row 249.2 / 135.2, 250.6 / 136.8, 252.6 / 137.1.
 _GLUON_BLOCKS = (
-    (10, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-60 tokens: "
-             "1.15-1.49x the Triton kernel, 1.24x the 32-row block at tok_e 10)"),
+    (12, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-64 tokens: "
+             "1.15-1.49x the Triton kernel; 1.09-1.12x the 32-row block at tok_e 10.7)"),
     (32, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
              "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; TP8 tok_e 21 gate_up 64x32 1.15x 128x32)"),
     (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
@@ -204,6 +207,11 @@ _EP_DECODE_BLOCK = (4, 8, "sm_90 EP decode: register-A Gluon kernel, 8-row routi
 #: kept up only at 256 tokens (780.2; 1024 tokens 2314.3). The 16-row decode block has no
 #: two-warpgroup tile worth running (128x16 with a producer: 0.70-0.73x the 64x16 tile).
 _WS_BLOCKS = (64, 128)
+#: Up to this tok_e the 64-row block runs the one-warpgroup 128x64 group loop (no tails) instead
+#: of the warp-specialized four-warpgroup 256x64 (with its tails): H200, twenty-first session,
+#: Kimi EP8 256 tokens (tok_e 43) 1.03x / 1.08x (gate_up / down), 384 tokens (tok_e 64) 0.95x /
+#: 1.00x (`w4a16_sm90.GROUP_LOOP_MAXNREG` has the times).
+_GROUP_LOOP_64_MAX_TOK_E = 48
 
 
 def _gluon_runs(block_m: int, tok_e: float) -> bool:
@@ -255,17 +263,22 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         from .w4a16_sm90 import wide_tile_pays
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
-        wide = k > 256 and wide_tile_pays(blocks, n)
+        # a 64-row block of few routes: the one-warpgroup 128x64 (`INDEXED_RS_TILES`' first 64-row tile)
+        group_loop_64 = block_m == 64 and tok_e <= _GROUP_LOOP_64_MAX_TOK_E and k > 256
+        wide = k > 256 and wide_tile_pays(blocks, n) and not group_loop_64
         programs = blocks * triton.cdiv(n, 64)  # (a group-loop tile's 64-row grid)
         from .w4a16_sm90 import INDEXED_WS_TILES
 
         # a four-warpgroup tile runs warp-specialized where that engine has it (`INDEXED_WS_TILES`)
-        ws = block_m in _WS_BLOCKS and (not wide or (256, block_m) in {t[:2] for t in INDEXED_WS_TILES})
+        ws = (block_m in _WS_BLOCKS and not group_loop_64
+              and (not wide or (256, block_m) in {t[:2] for t in INDEXED_WS_TILES}))
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
+        if group_loop_64:
+            cfg = replace(cfg, reason=f"{cfg.reason}; tok_e <= {_GROUP_LOOP_64_MAX_TOK_E}: 128 weight rows on one "
+                          "warpgroup (H200 EP8 tok_e 43: 1.03x / 1.08x the warp-specialized 256x64)")
     else:
         wide = False
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs,
-                                           ep_decode=profile == "EP"), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile), n)
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -276,7 +289,7 @@ def _engine_tiles(engine: str) -> tuple:
 
 
 def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
-                programs: float = float("inf"), ep_decode: bool = False) -> W4A16Config:
+                programs: float = float("inf"), profile: str = "") -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (a split-K kept only where the register-A kernel splits:
     `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and ``_NUM_STAGES`` pick among its
@@ -284,9 +297,9 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     tile for (64) runs the shared-memory Gluon kernel. `wide`: the heuristics chose the
     routing block's four-warpgroup tile (256 weight rows), which then comes first. `programs`:
     the grid's size, about; too few for a group-loop tile's eight CTAs an SM run its deeper-ring
-    alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced; with `ep_decode`
-    (the EP profile), one whose grid and K allow runs its 128-row form (`WIDE_DECODE_TILES`)
-    unless a stage count or weight rows are forced. The reason says
+    alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced; with the
+    `profile` ("EP" / "TP") its 128-row form was measured for, one whose grid and K allow runs
+    that form (`WIDE_DECODE_TILES`) unless a stage count or weight rows are forced. The reason says
     what was chosen."""
     if cfg.engine == "triton":
         return cfg
@@ -306,7 +319,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         tiles = tuple(t for t in tiles if runs_nloop(t, k)) + tiles
     tile, note = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide), ""
     if engine == "gluon_rs" and not env_value(env, "num_stages"):
-        tile, note = group_loop_tile(tile, programs, k, wide=ep_decode and not env_value(env, "block_n"))
+        tile, note = group_loop_tile(tile, programs, k, family="" if env_value(env, "block_n") else profile)
     bw, _, warps, stages = tile
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):

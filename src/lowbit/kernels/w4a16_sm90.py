@@ -122,12 +122,14 @@ INDEXED_TILES = ((64, 16, 4, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 16, 4, 6))
 #:   tokens gate_up 1364.0 -> 1191.9. 256x16 at 20 tokens: 0.80x / 0.74x the 64x16 tile (not kept);
 #:   64-row blocks at 1024 tokens: 0.84-0.87x the 128-row ones on the 256-row tile too.
 #: 8-row block, and the 16-row block's group-loop tile first, nineteenth session
-#: (`scripts/probes/decode_blocks.py`): see `GROUP_LOOP_MAXNREG`.
+#: (`scripts/probes/decode_blocks.py`): see `GROUP_LOOP_MAXNREG`. Twenty-first session: the
+#: 32-row block's 128-row form (`WIDE_DECODE_TILES`) and the 64-row block's one-warpgroup
+#: 128x64 first (`GROUP_LOOP_MAXNREG`; the four-warpgroup 256x64 where `wide` asks for it).
 INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3), (128, 8, 4, 2),
                     (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4), (64, 16, 4, 6), (128, 16, 8, 4), (128, 16, 4, 2),
-                    (64, 32, 4, 4), (128, 32, 8, 4),
-                    (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2), (128, 128, 8, 2),
-                    (64, 128, 4, 2))
+                    (64, 32, 4, 4), (128, 32, 8, 4), (128, 32, 4, 2),
+                    (128, 64, 4, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 64, 4, 3), (256, 128, 16, 2),
+                    (128, 128, 8, 2), (64, 128, 4, 2))
 #: The register-A grouped kernel's tiles (weight rows, rows, num_warps, stages): no dequantized
 #: buffers in shared memory, so 128 weight rows (two warpgroups) fit beside the activation ring.
 #: 154-195 registers, no spills (compile tier). The first tile of a row count is its default:
@@ -143,9 +145,11 @@ INDEXED_RS_TILES = ((64, 8, 4, 2), (64, 8, 4, 3), (128, 8, 4, 2),
 #: and 64 rows where the grid allows (`wide_tile_pays`); `w4a16_grouped` has the numbers. Tried
 #: and not kept (same process): masked 8 tok/expert 256x16 0.94x / 0.87x (gate_up / down) the
 #: 64x16 tile; 16 tok 256x32 1.01x / 1.05x the 64x32; 32 tok 256x32 0.83x / 0.79x the 256x64.
-GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (256, 64, 16, 3), (128, 64, 8, 3), (64, 128, 4, 2),
-                  (64, 128, 4, 3), (64, 32, 4, 4), (64, 32, 4, 2), (128, 32, 8, 4), (64, 16, 4, 2), (64, 16, 4, 3),
-                  (64, 16, 4, 4), (128, 16, 8, 4), (128, 16, 4, 2))
+#: Twenty-first session: the masked 64-row M tile runs the one-warpgroup 128x64 first, and the
+#: 32-row one its 128-row form (`GROUP_LOOP_MAXNREG`, `WIDE_DECODE_TILES` have the numbers).
+GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (128, 64, 4, 2), (256, 64, 16, 3), (128, 64, 8, 3),
+                  (64, 128, 4, 2), (64, 128, 4, 3), (64, 32, 4, 4), (64, 32, 4, 2), (128, 32, 8, 4), (128, 32, 4, 2),
+                  (64, 16, 4, 2), (64, 16, 4, 3), (64, 16, 4, 4), (128, 16, 8, 4), (128, 16, 4, 2))
 #: The warp-specialized grouped kernel's tiles (engine ``gluon_ws``, `_ws_mainloop`): the
 #: two-warpgroup register-A tiles. A 4-warp tile plus its producer warp compiles to 255
 #: registers a thread (ptxas ignores the partitions' setmaxnreg), one CTA an SM, where the
@@ -191,8 +195,18 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: (2 stages, 128 registers, four CTAs an SM) against the 4-stage step loop with two accumulators
 #: (`SPLIT_ACC_TILES`): gate_up 308.7 vs 304.9, down 153.5 vs 182.0 (two runs: 155.0 vs 180.6):
 #: so only for a short K (`SHORT_K_TILES`).
+#: The 128-row tiles (two m64 wgmmas a group) of `WIDE_DECODE_TILES` too, and the 64-row block's
+#: 128x64 at 168 registers (64 of accumulator; two CTAs an SM by its 100 KB ring). H200,
+#: twenty-first session (`scripts/probes/decode_blocks.py wide64`, interleaved, valid rows
+#: bit-identical, us, gate_up / down), against the warp-specialized four-warpgroup 256x64 (with
+#: its tails): masked 32 tok/expert EP8 355.0 / 216.3 -> 340.0 / 183.0, 40 tok 367.1 / 224.8 ->
+#: 354.3 / 194.5, EP16 182.7 / 110.4 -> 172.4 / 94.1, EP32 124.7 / 65.7 -> 114.8 / 55.8
+#: (1.04-1.18x; 64x64 on the group loop: 0.86-1.01x); indexed EP8 256 tokens (43 routes an
+#: expert, no tails on this tile) 387.9 / 231.8 -> 377.1 / 215.4, 384 tokens (64 routes)
+#: 547.1 / 310.2 -> 574.7 / 309.1, so the indexed heuristics take it up to
+#: `w4a16_indexed._GROUP_LOOP_64_MAX_TOK_E` routes an expert.
 GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128,
-                      (128, 8, 4, 2): 96, (128, 16, 4, 2): 128}
+                      (128, 8, 4, 2): 96, (128, 16, 4, 2): 128, (128, 32, 4, 2): 128, (128, 64, 4, 2): 168}
 #: Masked tiles whose form for a K of at most `SHORT_K_STEPS` 256-wide steps is a group-loop tile:
 #: a short loop cannot amortize a deep ring's fill, more CTAs an SM overlap the fills (the
 #: measurement above: masked 16 tok/expert, down K 2048 = 8 steps 1.17-1.19x, gate_up K 7168 0.99x).
@@ -1365,7 +1379,7 @@ def _w4a16_indexed_rs_kernel(
     if HALF_TAIL and half_free:  # no route in the second half
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          ks=ks, nk=nk)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk)
     elif QUARTER_TAIL and quarter_free:  # none in the last quarter
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, True, True)
@@ -1461,18 +1475,19 @@ def wide_tile_pays(row_blocks: float, n: int) -> bool:
     return row_blocks * triton.cdiv(n, 256) >= WIDE_TILE_MIN_PROGRAMS
 
 
-def group_loop_tile(tile: tuple, programs: float, k: int = 0, wide: bool = False) -> tuple[tuple, str]:
+def group_loop_tile(tile: tuple, programs: float, k: int = 0, family: str = "") -> tuple[tuple, str]:
     """The register-A tile to run in place of the heuristics' `tile` for a grid of about
     `programs` 64-row programs and this K, and a note for their reason: a group-loop tile
     (`GROUP_LOOP_MAXNREG`) on a grid under `GROUP_LOOP_MIN_PROGRAMS` runs its deeper-ring
-    alternative (`THIN_GRID_TILES`); with `wide` (the caller's family and overrides allow it),
-    one whose 128-row grid still keeps that many programs and whose K is short enough runs its
-    128-weight-row form (`WIDE_DECODE_TILES`)."""
+    alternative (`THIN_GRID_TILES`); with `family` ("EP" / "TP": the indexed profile, "masked";
+    "": none, or the caller's overrides forbid it) among those its 128-weight-row form was
+    measured for (`WIDE_DECODE_TILES`), one whose 128-row grid still keeps that many programs
+    and whose K is short enough runs that form."""
     tile = tuple(tile)
-    big, max_steps = WIDE_DECODE_TILES.get(tile, (None, 0))
-    if wide and big and triton.cdiv(k, 256) <= max_steps and programs / 2 >= GROUP_LOOP_MIN_PROGRAMS:
+    big, max_steps, families, measured = WIDE_DECODE_TILES.get(tile, (None, 0, (), ""))
+    if family in families and triton.cdiv(k, 256) <= max_steps and programs / 2 >= GROUP_LOOP_MIN_PROGRAMS:
         return big, (f"; 128 weight rows on one warpgroup, one K group at a time under {GROUP_LOOP_MAXNREG[big]} "
-                     f"registers (H200 EP8 decode 1.04-1.09x the 64-row tile)")
+                     f"registers (H200 {measured})")
     if tile in THIN_GRID_TILES and programs < GROUP_LOOP_MIN_PROGRAMS:
         return THIN_GRID_TILES[tile], (f"; under {GROUP_LOOP_MIN_PROGRAMS} programs the whole-step loop, "
                                        f"{THIN_GRID_TILES[tile][3]} stages (H200 EP8 1 token gate_up: 50.1 us vs "
@@ -1482,10 +1497,10 @@ def group_loop_tile(tile: tuple, programs: float, k: int = 0, wide: bool = False
     return tile, ""
 
 
-#: EP decode (indexed) and masked decode (`group_loop_tile` with `wide`): 128 weight rows on one
-#: warpgroup (two m64 wgmmas a group, the group loop) in place of the 64-row group-loop tile,
-#: where its grid keeps `GROUP_LOOP_MIN_PROGRAMS` and K has at most the listed 256-wide steps:
-#: (tile -> (wide tile, max K steps)). A step's fixed work (barriers, copies, descriptors: about
+#: Decode and mid-size blocks (`group_loop_tile` with a `family`): 128 weight rows on one
+#: warpgroup (two m64 wgmmas a group, the group loop) in place of a 64-row tile, where its grid
+#: keeps `GROUP_LOOP_MIN_PROGRAMS` and K has at most the listed 256-wide steps: (tile -> (wide
+#: tile, max K steps, the families it was measured faster for, the measurement)). A step's fixed work (barriers, copies, descriptors: about
 #: half of the issue-bound loop's 456 instructions) then serves twice the weights (SASS: 745 instructions a 128-row step against 2 x 456), at five (96 registers) or
 #: four (128) CTAs an SM. H200, twentieth session (`scripts/probes/decode_blocks.py`, Kimi EP8,
 #: same process, bit-identical, us, 64-row -> 128-row): 8-row blocks, down (K 8 steps) at 4 / 8 /
@@ -1493,7 +1508,22 @@ def group_loop_tile(tile: tuple, programs: float, k: int = 0, wide: bool = False
 #: gate_up (28 steps) 109.5 -> 113.1, 179.9 -> 173.8, 198.8 -> 202.6 (not taken); 16-row blocks
 #: at 32 / 50 tokens gate_up 241.5 -> 225.5, 246.0 -> 229.5, down 128.4 -> 120.4, 130.5 -> 122.2.
 #: Masked 8 tok/expert (the 16-row group loop, same probe): gate_up 244.5 -> 231.1, down 125.8 -> 120.7.
-WIDE_DECODE_TILES = {(64, 8, 4, 2): ((128, 8, 4, 2), 8), (64, 16, 4, 2): ((128, 16, 4, 2), 1 << 30)}
+#: The 32-row block, twenty-first session (`decode_blocks.py mid`, us, gate_up / down, the 64x32
+#: step loop at 4 stages (two CTAs an SM by its ring) -> 128x32 on the group loop (three)):
+#: EP8 64 / 100 / 150 / 190 tokens 326.9 / 188.8 -> 251.2 / 137.8, 328.2 / 191.0 -> 257.8 /
+#: 141.4, 348.4 / 202.8 -> 289.4 / 154.1, 487.3 / 282.0 -> 380.5 / 208.4; TP8 512 / 1024 tokens
+#: gate_up 330.3 -> 253.3, 338.1 -> 267.9; masked 16 / 24 tok/expert 307.9 / 183.1 -> 251.1 /
+#: 133.2, 327.7 / 189.4 -> 266.6 / 141.3 (1.20-1.37x; the 64x32 group loop 1.04-1.19x; 128x32
+#: at 3 stages, two CTAs an SM, 1.06-1.17x). Its short-K form (`SHORT_K_TILES`) maps there too.
+_WIDE_32 = ((128, 32, 4, 2), 1 << 30, ("EP", "TP", "masked"),
+            "EP8 64-190 tokens, TP8 gate_up, masked 16 tok/expert: 1.20-1.37x the 64x32 step loop")
+WIDE_DECODE_TILES = {
+    (64, 8, 4, 2): ((128, 8, 4, 2), 8, ("EP",), "EP8 decode down 1.07x the 64-row tile"),
+    (64, 16, 4, 2): ((128, 16, 4, 2), 1 << 30, ("EP", "masked"),
+                     "EP8 32 / 50 tokens 1.07x, masked 8 tok/expert 1.04-1.06x the 64-row tile"),
+    (64, 32, 4, 4): _WIDE_32,
+    (64, 32, 4, 2): _WIDE_32,
+}
 
 
 def runs_nloop(tile: tuple, k: int) -> bool:
@@ -1705,7 +1735,8 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int, warp_speciali
 #: tails; 0.99-1.01x); contiguous 256x128 (segments of 0.7-1.3 x 128 rows padded to 128:
 #: 1.02-1.06x, but exact 128-row segments, the bench's, 0.97-0.99x: the check costs where no
 #: block has a half tail).
-HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4)), "indexed": ((256, 128, 16, 2),)}
+#: The masked 128x64 group loop (twenty-first session) was measured with its half tail only.
+HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4), (128, 64, 4, 2)), "indexed": ((256, 128, 16, 2),)}
 
 
 #: The warp-specialized (four-warpgroup) tiles' tails, each a second `_ws_mainloop` region in the
