@@ -76,7 +76,7 @@ def test_headline_points_are_the_default_set():
     assert picked["ep8_contiguous_128"].rows_per_expert == 128
     assert picked["ep8_masked_32"].rows_per_expert == 32 and picked["ep8_masked_32"].max_m == 256
     ep8_tokens = sorted(c.tokens for c in CASES.values() if c.profile == "ep8" and c.layout == "indexed")
-    assert ep8_tokens == [1, 4, 8, 16, 20, 32, 50, 256, 1024]
+    assert ep8_tokens == [1, 4, 8, 16, 20, 32, 50, 128, 256, 384, 1024]
 
 
 def test_op_case_registry():

@@ -388,9 +388,8 @@ def test_gluon_default_for_decode(monkeypatch):
     to tok_e 4 (the group-loop tile, or its 3-stage step-loop alternative where the grid is
     thin: one token's gate_up), the 16-row block up to tok_e 12 (from tok_e 0 for TP; its
     group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 32,
-    the 64-row block from there (the one-warpgroup 128x64 up to tok_e 48, then the
-    warp-specialized 256x64 with its tails), the 128-row block from tok_e 85 (its half-empty
-    blocks on the 64-row tile, said in the reason). A one-step K (TP8
+    the 64-row block from there (the one-warpgroup 128x64 with its half tail), the 128-row
+    block from tok_e 85 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
     down) runs the block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
     blocks exist only on the Gluon kernel; an engine override wins."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
@@ -428,23 +427,25 @@ def test_gluon_default_for_decode(monkeypatch):
     c = w4a16_indexed_config(1280, 48, 4096, 7168, gluon=True)  # EP8 160 tokens (tok_e 27)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 128, 4), c
     assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
-    c = w4a16_indexed_config(2048, 48, 4096, 7168, gluon=True)  # EP8 256 tokens (tok_e 43): one warpgroup
-    assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
-    assert "one K group at a time under 168 registers" in c.reason, c
-    c = w4a16_indexed_config(3072, 48, 4096, 7168, gluon=True)  # EP8 384 tokens (tok_e 64)
-    # prefill: four warpgroups, warp-specialized (its tile is in `INDEXED_WS_TILES`)
-    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 256, 16), c
-    assert "runs the 32-row tile (H200 EP8 384" in c.reason, c  # its half-row tail (`WS_TAIL_TILES`)
+    for routes in (2048, 3072):  # EP8 256 / 384 tokens (tok_e 43 / 64): one warpgroup, 128 weight rows
+        c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
+        assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
+        assert "runs the 32-row tile (H200 EP8 384 / 512" in c.reason, c  # its half-row tail (`HALF_TAIL_TILES`)
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
     assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
     assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile
-    assert w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True).engine == "gluon_ws"
-    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "128")  # the override still picks the two-warpgroup tile
+    assert w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True).block_n == 128
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "256")  # the override picks the four-warpgroup tile
     c = w4a16_indexed_config(3072, 48, 4096, 7168, gluon=True)
-    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 128, 8), c
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 64, 256, 16), c
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")  # ... warp-specialized, with its tails
+    c = w4a16_indexed_config(3072, 48, 4096, 7168, gluon=True)
+    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 256, 16), c
+    assert "runs the 32-row tile (H200 EP8 384 tokens" in c.reason, c  # `WS_TAIL_TILES`
+    monkeypatch.delenv("LOWBIT_W4A16_ENGINE")
     monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     assert w4a16_indexed_config(2048, 48, 4096, 7168, block_m=16, gluon=True).engine == "triton"
     with pytest.raises(ValueError, match="block_m=128"):

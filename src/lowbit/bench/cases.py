@@ -170,9 +170,10 @@ def register_case(case: BenchCase) -> BenchCase:
     return case
 
 
-_EP8_TOKENS = (1, 4, 8, 16, 20, 32, 50, 256, 1024)
+#: 128 and 384 tokens: between decode and prefill (the 32- and 64-row routing blocks' middles)
+_EP8_TOKENS = (1, 4, 8, 16, 20, 32, 50, 128, 256, 384, 1024)
 for _t in _EP8_TOKENS:
-    _phase = "prefill" if _t >= 256 else "decode"
+    _phase = "prefill" if _t >= 256 else "decode" if _t <= 50 else "mid"
     _label = f"EP8 indexed {_phase} " + (f"{_t * TOP_K} rows ({_t} tok)" if _t >= 256 else f"{_t} tok/GPU")
     register_case(BenchCase(
         name=f"ep8_indexed_t{_t}", layout="indexed", profile="ep8", num_experts=EP8_EXPERTS,

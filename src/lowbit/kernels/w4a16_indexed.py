@@ -207,11 +207,13 @@ _EP_DECODE_BLOCK = (4, 8, "sm_90 EP decode: register-A Gluon kernel, 8-row routi
 #: kept up only at 256 tokens (780.2; 1024 tokens 2314.3). The 16-row decode block has no
 #: two-warpgroup tile worth running (128x16 with a producer: 0.70-0.73x the 64x16 tile).
 _WS_BLOCKS = (64, 128)
-#: Up to this tok_e the 64-row block runs the one-warpgroup 128x64 group loop (no tails) instead
-#: of the warp-specialized four-warpgroup 256x64 (with its tails): H200, twenty-first session,
-#: Kimi EP8 256 tokens (tok_e 43) 1.03x / 1.08x (gate_up / down), 384 tokens (tok_e 64) 0.95x /
-#: 1.00x (`w4a16_sm90.GROUP_LOOP_MAXNREG` has the times).
-_GROUP_LOOP_64_MAX_TOK_E = 48
+#: The 64-row block (K past one step) runs the one-warpgroup 128x64 group loop with its half tail
+#: instead of the warp-specialized four-warpgroup 256x64 with its tails. H200, twenty-first
+#: session (`scripts/probes/decode_blocks.py wide64`, interleaved, bit-identical, us, gate_up /
+#: down, Kimi EP8): 256 tokens (tok_e 43) 388.4 / 230.3 -> 375.7 / 219.3, 320 tokens 430.8 /
+#: 233.9 -> 426.9 / 227.3, 384 tokens 557.2 / 316.9 -> 554.1 / 302.2, 512 tokens (tok_e 85)
+#: 701.0 / 396.4 -> 686.5 / 378.4 (1.01-1.05x); without the tail 0.92-1.07x.
+_GROUP_LOOP_BLOCKS = (64,)
 
 
 def _gluon_runs(block_m: int, tok_e: float) -> bool:
@@ -264,7 +266,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
         # a 64-row block of few routes: the one-warpgroup 128x64 (`INDEXED_RS_TILES`' first 64-row tile)
-        group_loop_64 = block_m == 64 and tok_e <= _GROUP_LOOP_64_MAX_TOK_E and k > 256
+        group_loop_64 = block_m in _GROUP_LOOP_BLOCKS and k > 256
         wide = k > 256 and wide_tile_pays(blocks, n) and not group_loop_64
         programs = blocks * triton.cdiv(n, 64)  # (a group-loop tile's 64-row grid)
         from .w4a16_sm90 import INDEXED_WS_TILES
@@ -274,8 +276,8 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
               and (not wide or (256, block_m) in {t[:2] for t in INDEXED_WS_TILES}))
         cfg = replace(cfg, engine="gluon_ws" if ws else "gluon_rs")
         if group_loop_64:
-            cfg = replace(cfg, reason=f"{cfg.reason}; tok_e <= {_GROUP_LOOP_64_MAX_TOK_E}: 128 weight rows on one "
-                          "warpgroup (H200 EP8 tok_e 43: 1.03x / 1.08x the warp-specialized 256x64)")
+            cfg = replace(cfg, reason=f"{cfg.reason}; 128 weight rows on one warpgroup (H200 EP8 tok_e 43-85: "
+                          "1.01-1.05x the warp-specialized 256x64)")
     else:
         wide = False
     return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile), n)
@@ -325,7 +327,8 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
         variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
     elif tail := tail_rows(tile, engine, "indexed"):
-        measured = "384 tokens: 1.03-1.06x" if engine == "gluon_ws" else "1024 tokens: 1.09x"
+        measured = ("384 tokens: 1.03-1.06x" if engine == "gluon_ws"
+                    else "384 / 512 tokens: 1.04-1.10x" if cfg.block_m == 64 else "1024 tokens: 1.09x")
         variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 {measured})"
     else:
         variant = note

@@ -202,9 +202,9 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: its tails): masked 32 tok/expert EP8 355.0 / 216.3 -> 340.0 / 183.0, 40 tok 367.1 / 224.8 ->
 #: 354.3 / 194.5, EP16 182.7 / 110.4 -> 172.4 / 94.1, EP32 124.7 / 65.7 -> 114.8 / 55.8
 #: (1.04-1.18x; 64x64 on the group loop: 0.86-1.01x); indexed EP8 256 tokens (43 routes an
-#: expert, no tails on this tile) 387.9 / 231.8 -> 377.1 / 215.4, 384 tokens (64 routes)
-#: 547.1 / 310.2 -> 574.7 / 309.1, so the indexed heuristics take it up to
-#: `w4a16_indexed._GROUP_LOOP_64_MAX_TOK_E` routes an expert.
+#: expert) 387.9 / 231.8 -> 377.1 / 215.4, 384 tokens (64 routes) 547.1 / 310.2 -> 574.7 /
+#: 309.1 without a tail, 1.01-1.05x at 256-512 tokens with one (`HALF_TAIL_TILES`,
+#: `w4a16_indexed._GROUP_LOOP_BLOCKS`).
 GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128,
                       (128, 8, 4, 2): 96, (128, 16, 4, 2): 128, (128, 32, 4, 2): 128, (128, 64, 4, 2): 168}
 #: Masked tiles whose form for a K of at most `SHORT_K_STEPS` 256-wide steps is a group-loop tile:
@@ -1735,8 +1735,12 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int, warp_speciali
 #: tails; 0.99-1.01x); contiguous 256x128 (segments of 0.7-1.3 x 128 rows padded to 128:
 #: 1.02-1.06x, but exact 128-row segments, the bench's, 0.97-0.99x: the check costs where no
 #: block has a half tail).
-#: The masked 128x64 group loop (twenty-first session) was measured with its half tail only.
-HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4), (128, 64, 4, 2)), "indexed": ((256, 128, 16, 2),)}
+#: Twenty-first session, the one-warpgroup 128x64 group loop: masked measured with its half tail
+#: only; indexed (`decode_blocks.py wide64`, us, gate_up / down, no tail -> half tail) EP8 384
+#: tokens 578.8 / 318.1 -> 554.1 / 302.2, 512 tokens 755.1 / 406.4 -> 686.5 / 378.4, 256 tokens
+#: 376.7 / 215.2 -> 375.7 / 219.3.
+HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4), (128, 64, 4, 2)),
+                   "indexed": ((256, 128, 16, 2), (128, 64, 4, 2))}
 
 
 #: The warp-specialized (four-warpgroup) tiles' tails, each a second `_ws_mainloop` region in the
