@@ -5,6 +5,7 @@ a benchmark.
     DECODE_BLOCKS_VARIANTS=8x2g,w8x2g python scripts/probes/decode_blocks.py indexed
     python scripts/probes/decode_blocks.py mid
     python scripts/probes/decode_blocks.py wide64
+    python scripts/probes/decode_blocks.py big
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
@@ -14,7 +15,9 @@ routing block (EP8 64-190 tokens, TP8 1024 tokens gate_up) and masked 16 tok/exp
 32-row tile's 128-row form (half tail included, as the 64-row tile has it); "wide64": the 64-row
 routing block / masked 32 tok/expert, the warp-specialized four-warpgroup 256x64 against
 one-warpgroup group loops of 64 and 128 weight rows, and the 16- against the 32-row block at
-32-64 tokens; "w" tiles: 128
+32-64 tokens; "big": the 128-row block's four-warpgroup 256x128 against the 64-row block's
+one-warpgroup 128x64 (with its half tail) at EP8 512-1024 tokens and TP8 8192 tokens gate_up;
+"w" tiles: 128
 weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
@@ -201,3 +204,24 @@ if "wide64" in which:
                                                    warp_specialize=ws, row_slots=slots)
             report(f"masked E{e} {tok} {proj}", outs,
                    measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}), e * n * kk * (0.5 + 2 / 32), valid)
+
+if "big" in which:
+    plan = {"rs256x128": ((256, 128, 16, 2), None, False), "w64x2g-t": ((128, 64, 4, 2), None, False)}
+    for label, e, tok, projs in (("EP8", E, 512, PROJ), ("EP8", E, 768, PROJ), ("EP8", E, 1024, PROJ),
+                                 ("TP8", 384, 8192, (("gate_up", 512, 7168),))):
+        ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
+        rts = {br: routing.moe_align_block_size(ids, br, e) for br in (64, 128)}
+        hit = int(torch.unique(ids).numel())
+        for i, (proj, n, kk) in enumerate(projs):
+            top_k = 8 if i == 0 else 1
+            w = pack_w4a16(make_weight(e, n, kk, "cuda"))
+            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
+
+            def launch(v):
+                tile, cap, ws = plan[v]
+                r = rts[tile[1]]
+                sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                               top_k, None, outs[v], tile, True, ws)
+            report(f"{label} t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+                   hit * n * kk * (0.5 + 2 / 32))
