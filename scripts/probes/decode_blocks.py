@@ -6,6 +6,7 @@ a benchmark.
     python scripts/probes/decode_blocks.py mid
     python scripts/probes/decode_blocks.py wide64
     python scripts/probes/decode_blocks.py big
+    python scripts/probes/decode_blocks.py edges
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
@@ -17,7 +18,8 @@ routing block / masked 32 tok/expert, the warp-specialized four-warpgroup 256x64
 one-warpgroup group loops of 64 and 128 weight rows, and the 16- against the 32-row block at
 32-64 tokens; "big": the 128-row block's four-warpgroup 256x128 against the 64-row block's
 one-warpgroup 128x64 (with its half tail) at EP8 512-1024 tokens and TP8 8192 tokens gate_up;
-"w" tiles: 128
+"edges": the routing blocks around their tok_e thresholds (32 vs 64 rows at EP8 160-224
+tokens, 64 vs 128 rows at 320-512); "w" tiles: 128
 weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
@@ -224,4 +226,28 @@ if "big" in which:
                 sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
                                                top_k, None, outs[v], tile, True, ws)
             report(f"{label} t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+                   hit * n * kk * (0.5 + 2 / 32))
+
+if "edges" in which:
+    VARIANTS = {"w32x2g": ((128, 32, 4, 2), None, False), "w64x2g-t": ((128, 64, 4, 2), None, False),
+                "rs256x128": ((256, 128, 16, 2), None, False)}
+    for tok, names in ((160, ("w32x2g", "w64x2g-t")), (192, ("w32x2g", "w64x2g-t")), (224, ("w32x2g", "w64x2g-t")),
+                       (320, ("w64x2g-t", "rs256x128")), (384, ("w64x2g-t", "rs256x128")),
+                       (448, ("w64x2g-t", "rs256x128")), (512, ("w64x2g-t", "rs256x128"))):
+        plan = {v: VARIANTS[v] for v in names}
+        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
+        rts = {br: routing.moe_align_block_size(ids, br, E) for br in {v[0][1] for v in plan.values()}}
+        hit = int(torch.unique(ids).numel())
+        for i, (proj, n, kk) in enumerate(PROJ):
+            top_k = 8 if i == 0 else 1
+            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
+            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
+            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
+
+            def launch(v):
+                tile, cap, ws = plan[v]
+                r = rts[tile[1]]
+                sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                               top_k, None, outs[v], tile, True, ws)
+            report(f"EP8 t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
                    hit * n * kk * (0.5 + 2 / 32))
