@@ -387,9 +387,9 @@ def test_gluon_default_for_decode(monkeypatch):
     the default at every tok_e (it measured faster everywhere): for EP the 8-row routing block up
     to tok_e 4 (the group-loop tile, or its 3-stage step-loop alternative where the grid is
     thin: one token's gate_up), the 16-row block up to tok_e 12 (from tok_e 0 for TP; its
-    group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 32,
+    group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 29,
     the 64-row block from there (the one-warpgroup 128x64 with its half tail), the 128-row
-    block from tok_e 85 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
+    block past tok_e 64 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
     down) runs the block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
     blocks exist only on the Gluon kernel; an engine override wins."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
@@ -427,6 +427,8 @@ def test_gluon_default_for_decode(monkeypatch):
     c = w4a16_indexed_config(1280, 48, 4096, 7168, gluon=True)  # EP8 160 tokens (tok_e 27)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 128, 4), c
     assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
+    for routes, block in ((1280, 32), (1440, 64), (3072, 64), (3360, 128)):  # the blocks' edges: tok_e 27 / 30 / 64 / 70
+        assert w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True).block_m == block, routes
     for routes in (2048, 3072):  # EP8 256 / 384 tokens (tok_e 43 / 64): one warpgroup, 128 weight rows
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c

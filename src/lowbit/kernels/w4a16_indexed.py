@@ -174,14 +174,21 @@ ENV_OVERRIDES = override_names("W4A16")
 #: Twenty-first session (`scripts/probes/decode_blocks.py wide64`, both blocks on their 128-row
 #:   group-loop tiles): EP8 32 / 50 / 64 tokens (tok_e 5.3 / 8.3 / 10.7), 16-row 221.7 / 117.9,
 #:   228.5 / 119.9, 230.9 / 122.0 against 32-row 249.2 / 135.2, 250.6 / 136.8, 252.6 / 137.1.
+#:   (`decode_blocks.py edges`, the blocks' defaults) 32-row 128x32 against 64-row 128x64 (half
+#:   tail) at 160 / 192 / 224 tokens (tok_e 26.7 / 32 / 37.3): 298.6 / 161.6 vs 306.9 / 176.4,
+#:   371.6 / 200.3 vs 343.1 / 191.2, 461.5 / 245.6 vs 379.5 / 208.4; 64-row against the 128-row
+#:   block's 256x128 (half tail) at 320 / 384 / 448 / 512 tokens (tok_e 53-85): 406.6 / 230.4 vs
+#:   469.0 / 270.6, 544.5 / 300.3 vs 540.2 / 300.5, 655.6 / 362.0 vs 585.9 / 337.1, 693.3 /
+#:   380.4 vs 600.4 / 351.0.
 _GLUON_BLOCKS = (
     (12, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-64 tokens: "
              "1.15-1.49x the Triton kernel; 1.09-1.12x the 32-row block at tok_e 10.7)"),
-    (32, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
-             "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; TP8 tok_e 21 gate_up 64x32 1.15x 128x32)"),
-    (85, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
-             "Triton 1196 with 128 weight rows; 256 weight rows 1.09-1.10x that, warp-specialized "
-             "1.12x more)"),
+    (29, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
+             "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; 1.03-1.09x the 64-row block at tok_e 26.7, "
+             "0.92-0.95x at 32)"),
+    (64, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
+             "Triton 1196 with 128 weight rows; tok_e 53: 1.15-1.17x the 128-row block, level at 64, "
+             "0.87-0.93x at 75)"),
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128-row routing block (H200 tok_e 171: EP8 "
                         "2485 us, TP8 3686 vs Triton 3521 / 4963 with 128 weight rows, 64-row block 2576 / 4065; "
                         "256 weight rows 1.10-1.14x that)"),
