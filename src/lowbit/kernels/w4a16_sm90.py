@@ -34,16 +34,23 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   partition issues every load (TMA rows and weights; the indexed kernel's 4-warp producer also
   gathers the routed rows by cp.async, signalled with ``cp.async.mbarrier.arrive.noinc``) as
   soon as the consumers release a stage by mbarrier, so no CTA barrier is left in the loop.
-  The default for contiguous, masked tiles of >= 64 rows and the 64/128-row indexed prefill
-  blocks (H200, sixth session: 1.03-1.20x `gluon_rs`; `GLUON_WS_TILES` has the numbers).
+  The default for the two-warpgroup tiles of contiguous, the masked split tiles and the
+  128-row indexed block's one-step K and thin grids (H200, sixth session: 1.03-1.20x `gluon_rs`;
+  `GLUON_WS_TILES` has the numbers).
 - **Four warpgroups** (engine ``gluon_rs`` with a 256-weight-row tile; `_rs_groups_mainloop`
   under the same two kernels, 16 warps): each activation block is read once for 256 weight
   rows, half the activation bytes a FLOP of the 128-row tiles (their bound: the seventh
   session's 128x128 lost 24% to its activation loads). At 128 registers a thread the
   accumulator leaves no room for a step's fragments twice, so a step is dequantized one group
   at a time under the previous group's wgmma. The prefill default where the grid has two waves
-  of programs (H200, eighth session: 1.03-1.19x the warp-specialized 128-row tiles). The
-  indexed 256x64 runs it warp-specialized (`_ws_groups_partition`, eighteenth session: 1.12-1.15x).
+  of programs (H200, eighth session: 1.03-1.19x the warp-specialized 128-row tiles). Its
+  256x64 has a warp-specialized form (`_ws_groups_partition`, eighteenth session: 1.12-1.15x),
+  since the twenty-first session on request only: the 64-row blocks run the one-warpgroup
+  128x64 below (1.01-1.18x it).
+- **One warpgroup, 128 weight rows** (`WIDE_DECODE_TILES`, the 128x64 of `GROUP_LOOP_MAXNREG`):
+  the group loop with two m64 wgmmas a group under a register cap (96-168), so two to five CTAs
+  share an SM where the four-warpgroup tiles run one. The 8- to 64-row routing blocks and
+  masked tiles where their grid allows (twentieth and twenty-first sessions: 1.04-1.37x).
 - **Half-row tails** (`HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`): a row block whose live rows end
   in its first half (an expert's last block) runs a second copy of the main loop compiled for
   half the rows (the split tiles: for their power-of-two part), in the same program and the
@@ -159,9 +166,11 @@ GLUON_RS_TILES = ((256, 128, 16, 2), (128, 128, 8, 2), (128, 64, 4, 2), (256, 64
 #: 970.5 vs 1163.2 (1.20x); 256 rows/expert 128x128 1599.4 vs 1803.5 (1.13x).
 #: And the four-warpgroup 256x64 (`_ws_groups_partition`, with `WS_TAIL_TILES`; 96 registers, the
 #: indexed tile below has the limits): the masked 64-row M tile's default where 256-row programs
-#: fill two waves. H200, eighteenth session (`scripts/probes/ws_wide.py`, interleaved,
-#: bit-identical valid rows, us, gate_up / down): masked 32 tok/expert (22-42 rows) register-A
-#: 256x64 with its half tail 384.4 / 219.5, warp-specialized with tails 352.8 / 213.6. Not for
+#: fill two waves until the twenty-first session's one-warpgroup 128x64 (`GROUP_LOOP_MAXNREG`);
+#: now on request (`LOWBIT_W4A16_GROUPED_ENGINE=gluon_ws`, `_BLOCK_N=256`). H200, eighteenth
+#: session (`scripts/probes/ws_wide.py`, interleaved, bit-identical valid rows, us, gate_up /
+#: down): masked 32 tok/expert (22-42 rows) register-A 256x64 with its half tail 384.4 / 219.5,
+#: warp-specialized with tails 352.8 / 213.6. Not for
 #: contiguous (0.69-0.70x 256x128, which it cannot replace) nor masked 64 (0.87-0.90x the split 96).
 GLUON_WS_TILES = tuple(t for t in GLUON_RS_TILES if t[2] == 8) + ((256, 64, 16, 3),)
 #: The indexed kernel's warp-specialized tiles (engine ``gluon_ws``): the two-warpgroup
