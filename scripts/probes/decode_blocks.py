@@ -7,6 +7,7 @@ a benchmark.
     python scripts/probes/decode_blocks.py wide64
     python scripts/probes/decode_blocks.py big
     python scripts/probes/decode_blocks.py edges
+    python scripts/probes/decode_blocks.py thin
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
@@ -19,7 +20,9 @@ one-warpgroup group loops of 64 and 128 weight rows, and the 16- against the 32-
 32-64 tokens; "big": the 128-row block's four-warpgroup 256x128 against the 64-row block's
 one-warpgroup 128x64 (with its half tail) at EP8 512-1024 tokens and TP8 8192 tokens gate_up;
 "edges": the routing blocks around their tok_e thresholds (32 vs 64 rows at EP8 160-224
-tokens, 64 vs 128 rows at 320-512); "w" tiles: 128
+tokens, 64 vs 128 rows at 320-512); "thin": masked 8 / 16 tok/expert on 24 and 12 experts, whose
+grids of 128-row programs are under `GROUP_LOOP_MIN_PROGRAMS` (the 64-row tiles against their
+128-row forms); "w" tiles: 128
 weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
@@ -251,3 +254,25 @@ if "edges" in which:
                                                top_k, None, outs[v], tile, True, ws)
             report(f"EP8 t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
                    hit * n * kk * (0.5 + 2 / 32))
+
+if "thin" in which:
+    PLANS = {8: {"16x3": ((64, 16, 4, 3), None, None), "16x2g": ((64, 16, 4, 2), None, None),
+                 "w16x2g": ((128, 16, 4, 2), None, None)},
+             16: {"32x4": ((64, 32, 4, 4), None, None), "32x2g": ((64, 32, 4, 2), None, None),
+                  "w32x2g": ((128, 32, 4, 2), None, None)}}
+    for e in (24, 12):
+        for tok, plan in PLANS.items():
+            counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
+            valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+            for proj, n, kk in PROJ:
+                w = pack_w4a16_grouped(make_weight(e, n, kk, "cuda"), mode="masked")
+                a = torch.randn(e * 256, kk, device="cuda").to(torch.bfloat16)
+                outs = {v: torch.zeros(e * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
+
+                def launch(v):
+                    tile, cap, tail = plan[v]
+                    with group_loop(tile, cap, tail):
+                        sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
+                                                       row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
+                report(f"masked E{e} {tok} {proj}", outs,
+                       measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}), e * n * kk * (0.5 + 2 / 32), valid)
