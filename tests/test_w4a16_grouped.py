@@ -385,13 +385,12 @@ def test_gluon_default_where_measured_faster(monkeypatch):
 
 def test_masked_decode_group_loop_tiles(monkeypatch):
     """Masked decode tiles (`w4a16_sm90.GROUP_LOOP_MAXNREG`): 8 tok/expert runs the 16-row tile on
-    the group loop (2 stages), on 128 weight rows where the grid keeps enough programs
-    (`WIDE_DECODE_TILES`), unless the grid is too thin for its CTAs (12 experts' gate_up: the
-    3-stage step loop), or a stage count or the weight rows are forced; 16 tok/expert the 32-row
-    tile's 128-row group loop where the grid allows, else the 32-row step loop (4 stages, two
-    accumulators) at gate_up's long K and its group-loop form at down's K of 8 steps
-    (`SHORT_K_TILES`); 32 tok/expert the one-warpgroup 128x64. Every tile picked is one the
-    kernel is built for."""
+    the group loop (2 stages) on 128 weight rows (`WIDE_DECODE_TILES`; masked grids need no
+    minimum, `WIDE_MIN_PROGRAMS`: 12 experts too), unless a stage count or the weight rows are
+    forced; 16 tok/expert the 32-row tile's 128-row group loop, whose 64-row forms (`BLOCK_N=64`)
+    are the step loop (4 stages, two accumulators) at gate_up's long K and the group loop at
+    down's K of 8 steps (`SHORT_K_TILES`); 32 tok/expert the one-warpgroup 128x64. Every tile
+    picked is one the kernel is built for."""
     from lowbit.kernels import w4a16_sm90 as sm90
 
     assert set(sm90.GROUP_LOOP_MAXNREG) <= set(sm90.GLUON_RS_TILES) | set(sm90.INDEXED_RS_TILES)
@@ -399,10 +398,9 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     assert set(sm90.THIN_GRID_TILES) <= set(sm90.GROUP_LOOP_MAXNREG)
     assert set(sm90.SHORT_K_TILES.values()) <= set(sm90.GROUP_LOOP_MAXNREG) & set(sm90.GLUON_RS_TILES)
     cases = ((48, 8, 4096, 7168, (128, 16, 4, 2)), (48, 8, 7168, 2048, (128, 16, 4, 2)),
-             (24, 8, 4096, 7168, (64, 16, 4, 2)),  # 24 x 64 programs: the 64-row group loop, not its 128-row form
-             (12, 8, 4096, 7168, (64, 16, 4, 3)),  # 12 x 64 programs < GROUP_LOOP_MIN_PROGRAMS
+             (24, 8, 4096, 7168, (128, 16, 4, 2)), (12, 8, 4096, 7168, (128, 16, 4, 2)),  # thin grids too
              (48, 16, 4096, 7168, (128, 32, 4, 2)), (48, 16, 7168, 2048, (128, 32, 4, 2)),
-             (12, 16, 4096, 7168, (64, 32, 4, 4)), (12, 16, 7168, 2048, (64, 32, 4, 2)),  # thin: the 64-row forms
+             (12, 16, 4096, 7168, (128, 32, 4, 2)), (12, 16, 7168, 2048, (128, 32, 4, 2)),
              (48, 32, 4096, 7168, (128, 64, 4, 2)), (12, 32, 7168, 2048, (128, 64, 4, 2)))
     for g, em, n, k, tile in cases:
         c = w4a16_grouped_config("masked", g * 256, n, k, g, em, gluon=True)
@@ -411,6 +409,11 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_BLOCK_N", "64")
     c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True)
     assert (c.block_n, c.block_m, c.num_stages) == (64, 16, 2), c
+    c = w4a16_grouped_config("masked", 12 * 256, 4096, 7168, 12, 8, gluon=True)  # 12 x 64 programs: thin
+    assert (c.block_n, c.block_m, c.num_stages) == (64, 16, 3), c
+    for n, k, tile in ((4096, 7168, (64, 32, 4, 4)), (7168, 2048, (64, 32, 4, 2))):
+        c = w4a16_grouped_config("masked", 48 * 256, n, k, 48, 16, gluon=True)
+        assert (c.block_n, c.block_m, c.num_warps, c.num_stages) == tile, c
     monkeypatch.delenv("LOWBIT_W4A16_GROUPED_BLOCK_N")
     monkeypatch.setenv("LOWBIT_W4A16_GROUPED_NUM_STAGES", "3")
     c = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 8, gluon=True)
@@ -442,7 +445,9 @@ def test_tail_tiles_are_offered_and_reported():
     assert sm90.tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64
     assert sm90.tail_rows((256, 128, 16, 2), "gluon_rs", "contiguous") == 0
     assert sm90.tail_rows((256, 128, 16, 2), "gluon_ws", "indexed") == 0
-    for g, em, rows, tail in ((12, 16, 32, 16), (48, 32, 64, 32), (48, 64, 96, 64)):
+    assert sm90.tail_rows((64, 32, 4, 4), "gluon_rs", "masked") == 16  # the 32-row tile's 64-row form
+    assert sm90.tail_rows((128, 64, 4, 2), "gluon_rs", "indexed") == 32
+    for g, em, rows, tail in ((48, 32, 64, 32), (12, 32, 64, 32), (48, 64, 96, 64)):
         c = w4a16_grouped_config("masked", g * 256, 4096, 7168, g, em, gluon=True)
         assert c.block_m == rows and f"runs the {tail}-row tile" in c.reason, c
     for em in (8, 16):  # the 16- and 32-row tiles on 128 weight rows: no tail (16 tok/expert: measured level)

@@ -1490,11 +1490,12 @@ def group_loop_tile(tile: tuple, programs: float, k: int = 0, family: str = "") 
     (`GROUP_LOOP_MAXNREG`) on a grid under `GROUP_LOOP_MIN_PROGRAMS` runs its deeper-ring
     alternative (`THIN_GRID_TILES`); with `family` ("EP" / "TP": the indexed profile, "masked";
     "": none, or the caller's overrides forbid it) among those its 128-weight-row form was
-    measured for (`WIDE_DECODE_TILES`), one whose 128-row grid still keeps that many programs
-    and whose K is short enough runs that form."""
+    measured for (`WIDE_DECODE_TILES`), one whose 128-row grid keeps the family's
+    `WIDE_MIN_PROGRAMS` and whose K is short enough runs that form."""
     tile = tuple(tile)
     big, max_steps, families, measured = WIDE_DECODE_TILES.get(tile, (None, 0, (), ""))
-    if family in families and triton.cdiv(k, 256) <= max_steps and programs / 2 >= GROUP_LOOP_MIN_PROGRAMS:
+    if (family in families and triton.cdiv(k, 256) <= max_steps
+            and programs / 2 >= WIDE_MIN_PROGRAMS.get(family, GROUP_LOOP_MIN_PROGRAMS)):
         return big, (f"; 128 weight rows on one warpgroup, one K group at a time under {GROUP_LOOP_MAXNREG[big]} "
                      f"registers (H200 {measured})")
     if tile in THIN_GRID_TILES and programs < GROUP_LOOP_MIN_PROGRAMS:
@@ -1525,11 +1526,19 @@ def group_loop_tile(tile: tuple, programs: float, k: int = 0, family: str = "") 
 #: 133.2, 327.7 / 189.4 -> 266.6 / 141.3 (1.20-1.37x; the 64x32 group loop 1.04-1.19x; 128x32
 #: at 3 stages, two CTAs an SM, 1.06-1.17x). Its short-K form (`SHORT_K_TILES`) maps there too.
 _WIDE_32 = ((128, 32, 4, 2), 1 << 30, ("EP", "TP", "masked"),
-            "EP8 64-190 tokens, TP8 gate_up, masked 16 tok/expert: 1.20-1.37x the 64x32 step loop")
+            "EP8 64-190 tokens, TP8 gate_up, masked 16 tok/expert on 12-48 experts: 1.16-1.37x the 64x32 step loop")
+#: The 128-row programs a family's grid must keep for `WIDE_DECODE_TILES` (64-row programs / 2;
+#: default `GROUP_LOOP_MIN_PROGRAMS`). Indexed: its one-token gate_up (256 programs of 128 rows)
+#: ran 85.9 us on 128x8 against the 3-stage 64x8 step loop's 50.2. Masked: none; H200,
+#: twenty-first session (`decode_blocks.py thin`, us, gate_up / down, the 64-row default ->
+#: the 128-row form): 24 experts 8 tok/expert 125.7 / 64.9 -> 119.9 / 63.5, 16 tok 158.7 /
+#: 95.6 -> 137.0 / 74.9; 12 experts (384 programs of 128 rows) 8 tok 77.1 / 37.9 -> 62.5 /
+#: 38.6, 16 tok 82.9 / 53.3 -> 70.2 / 42.8.
+WIDE_MIN_PROGRAMS = {"masked": 0}
 WIDE_DECODE_TILES = {
     (64, 8, 4, 2): ((128, 8, 4, 2), 8, ("EP",), "EP8 decode down 1.07x the 64-row tile"),
     (64, 16, 4, 2): ((128, 16, 4, 2), 1 << 30, ("EP", "masked"),
-                     "EP8 32 / 50 tokens 1.07x, masked 8 tok/expert 1.04-1.06x the 64-row tile"),
+                     "EP8 32 / 50 tokens 1.07x, masked 8 tok/expert 1.04-1.24x the 64-row tile"),
     (64, 32, 4, 4): _WIDE_32,
     (64, 32, 4, 2): _WIDE_32,
 }
