@@ -47,16 +47,24 @@ gen = torch.Generator(device="cuda").manual_seed(19)
 E = 48
 PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 which = sys.argv[1:] or ["indexed", "masked"]
-# name: (tile, register cap of a group loop tried here: None = as the tables say)
-INDEXED = {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), 72), "8x3": ((64, 8, 4, 3), None),
-           "8x2g": ((64, 8, 4, 2), None), "8x3g": ((64, 8, 4, 3), 64),
-           "w8x2g": ((128, 8, 4, 2), 96), "w16x2g": ((128, 16, 4, 2), 128)}
+
+def V(tile, cap=None, ws=False, tail=None):
+    """A variant: `tile`, the register cap of a group loop tried here (None: as the tables say),
+    warp-specialized or not, its half tail on / off (None: as `HALF_TAIL_TILES` says)."""
+    return tuple(tile), cap, ws, tail
+
+
+# name: variant
+INDEXED = {"16x3": V((64, 16, 4, 3)), "16x2g": V((64, 16, 4, 2), 72), "8x3": V((64, 8, 4, 3)),
+           "8x2g": V((64, 8, 4, 2)), "8x3g": V((64, 8, 4, 3), 64),
+           "w8x2g": V((128, 8, 4, 2), 96), "w16x2g": V((128, 16, 4, 2), 128)}
 if os.environ.get("DECODE_BLOCKS_VARIANTS"):  # a subset, comma-separated names (the first is the reference)
     INDEXED = {v: INDEXED[v] for v in os.environ["DECODE_BLOCKS_VARIANTS"].split(",")}
-MASKED = {8: {"16x3": ((64, 16, 4, 3), None), "16x2g": ((64, 16, 4, 2), None), "8x2g": ((64, 8, 4, 2), 64),
-              "w16x2g": ((128, 16, 4, 2), None)},
-          16: {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), 128), "32x3g": ((64, 32, 4, 3), 168),
-               "16x2g": ((64, 16, 4, 2), None)}}
+MASKED = {8: {"16x3": V((64, 16, 4, 3)), "16x2g": V((64, 16, 4, 2)), "8x2g": V((64, 8, 4, 2), 64),
+              "w16x2g": V((128, 16, 4, 2))},
+          16: {"32x4": V((64, 32, 4, 4)), "32x2g": V((64, 32, 4, 2), 128), "32x3g": V((64, 32, 4, 3), 168),
+               "16x2g": V((64, 16, 4, 2))}}
+TP8 = (("gate_up", 512, 7168),)
 
 
 @contextlib.contextmanager
@@ -88,191 +96,97 @@ def report(label, outs, t, byts, valid=None):
     print(f"{label:20} {cells}  best {best} x{t[names[0]].median_us / t[best].median_us:.3f} "
           f"({byts / t[best].median_us / 1e6:.2f} TB/s)", flush=True)
 
+def indexed_case(label, e, tok, projs, plan):
+    """Every variant of `plan` on one top-8 routing draw of `tok` tokens over `e` experts, for
+    each projection (gate_up top_k 8, down top_k 1), interleaved; one line a projection."""
+    ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
+    rts = {br: routing.moe_align_block_size(ids, br, e) for br in {v[0][1] for v in plan.values()}}
+    hit = int(torch.unique(ids).numel())
+    for i, (proj, n, kk) in enumerate(projs):
+        top_k = 8 if i == 0 else 1
+        w = pack_w4a16(make_weight(e, n, kk, "cuda"))
+        a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
+        outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
+
+        def launch(v):
+            tile, cap, ws, tail = plan[v]
+            r = rts[tile[1]]
+            with group_loop(tile, cap, indexed_half_tail=tail):
+                sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
+                                               top_k, None, outs[v], tile, True, ws)
+        report(f"{label} t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+               hit * n * kk * (0.5 + 2 / 32))
+
+
+def masked_case(label, e, tok, plan):
+    """Every variant of `plan` on masked counts of 0.7-1.3x `tok` over `e` experts (max_m 256,
+    the row-slot grid of 1.3x `tok`; the warp-specialized kernel one program a block), both
+    projections; valid rows compared."""
+    counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
+    valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
+    for proj, n, kk in PROJ:
+        w = pack_w4a16_grouped(make_weight(e, n, kk, "cuda"), mode="masked")
+        a = torch.randn(e * 256, kk, device="cuda").to(torch.bfloat16)
+        outs = {v: torch.zeros(e * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
+
+        def launch(v):
+            tile, cap, ws, tail = plan[v]
+            slots = 0 if ws else sm90.masked_row_slots(1.3 * tok, 256, tile[1])
+            with group_loop(tile, cap, masked_half_tail=tail):
+                sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True, warp_specialize=ws,
+                                               row_slots=slots)
+        report(f"{label} {tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
+               e * n * kk * (0.5 + 2 / 32), valid)
+
 
 if "indexed" in which:
     for tok in (1, 4, 8, 16, 32, 50):
-        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
-        rts = {br: routing.moe_align_block_size(ids, br, E) for br in (8, 16)}
-        hit = int(torch.unique(ids).numel())
-        for i, (proj, n, kk) in enumerate(PROJ):
-            top_k = 8 if i == 0 else 1
-            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
-            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in INDEXED}
-
-            def launch(v):
-                tile, cap = INDEXED[v]
-                r = rts[tile[1]]
-                with group_loop(tile, cap):
-                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
-                                                   top_k, None, outs[v], tile, True, False)
-            report(f"indexed t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in INDEXED}),
-                   hit * n * kk * (0.5 + 2 / 32))
+        indexed_case("indexed", E, tok, PROJ, INDEXED)
 
 if "masked" in which:
     for tok, plan in MASKED.items():
-        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
-        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
-        for proj, n, kk in PROJ:
-            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
-            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
-
-            def launch(v):
-                tile, cap = plan[v]
-                with group_loop(tile, cap):
-                    sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
-                                                   row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
-            report(f"masked {tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
-                   E * n * kk * (0.5 + 2 / 32), valid)
+        masked_case("masked", E, tok, plan)
 
 if "mid" in which:
-    MID = {"32x4": ((64, 32, 4, 4), None), "32x2g": ((64, 32, 4, 2), None), "w32x2g": ((128, 32, 4, 2), 128),
-           "w32x3g": ((128, 32, 4, 3), 128)}
+    MID = {"32x4": V((64, 32, 4, 4)), "32x2g": V((64, 32, 4, 2)), "w32x2g": V((128, 32, 4, 2), 128),
+           "w32x3g": V((128, 32, 4, 3), 128)}
     for label, e, tok, projs in (("EP8", E, 64, PROJ), ("EP8", E, 100, PROJ), ("EP8", E, 150, PROJ),
-                                 ("EP8", E, 190, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),)),
-                                 ("TP8", 384, 512, (("gate_up", 512, 7168),))):
-        ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
-        r = routing.moe_align_block_size(ids, 32, e)
-        hit = int(torch.unique(ids).numel())
-        for i, (proj, n, kk) in enumerate(projs):
-            top_k = 8 if i == 0 else 1
-            w = pack_w4a16(make_weight(e, n, kk, "cuda"))
-            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in MID}
-
-            def launch(v):
-                tile, cap = MID[v]
-                with group_loop(tile, cap):
-                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
-                                                   top_k, None, outs[v], tile, True, False)
-            report(f"{label} t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in MID}),
-                   hit * n * kk * (0.5 + 2 / 32))
-    plan = {"32x4": ((64, 32, 4, 4), None, False), "32x2g": ((64, 32, 4, 2), None, False),
-            "w32x2g": ((128, 32, 4, 2), 128, True), "w32x2g-nt": ((128, 32, 4, 2), 128, False)}
+                                 ("EP8", E, 190, PROJ), ("TP8", 384, 1024, TP8), ("TP8", 384, 512, TP8)):
+        indexed_case(label, e, tok, projs, MID)
+    plan = {"32x4": V((64, 32, 4, 4), tail=False), "32x2g": V((64, 32, 4, 2), tail=False),
+            "w32x2g": V((128, 32, 4, 2), 128, tail=True), "w32x2g-nt": V((128, 32, 4, 2), 128, tail=False)}
     for tok in (16, 24):
-        counts = (tok * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
-        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
-        for proj, n, kk in PROJ:
-            w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
-            a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.zeros(E * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
-
-            def launch(v):
-                tile, cap, tail = plan[v]
-                with group_loop(tile, cap, tail):
-                    sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
-                                                   row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
-            report(f"masked {tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
-                   E * n * kk * (0.5 + 2 / 32), valid)
+        masked_case("masked", E, tok, plan)
 
 if "wide64" in which:
-    # name: (tile, register cap of a group loop (None: not one), warp-specialized)
-    BLOCKS = {"w16x2g": ((128, 16, 4, 2), None, False), "w32x2g": ((128, 32, 4, 2), 128, False)}
-    WIDE = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False),
-            "w64x2g-t": ((128, 64, 4, 2), 168, False, True)}
+    BLOCKS = {"w16x2g": V((128, 16, 4, 2)), "w32x2g": V((128, 32, 4, 2), 128)}
+    WIDE = {"ws256x64": V((256, 64, 16, 3), ws=True), "w64x2g": V((128, 64, 4, 2), 168, tail=False),
+            "w64x2g-t": V((128, 64, 4, 2), 168, tail=True)}
     plans = [(t, BLOCKS) for t in (32, 50, 64)] + [(t, WIDE) for t in (256, 320, 384, 512)]
     if os.environ.get("WIDE64_TOKENS"):  # a subset, comma-separated token counts
         plans = [(t, p) for t, p in plans if str(t) in os.environ["WIDE64_TOKENS"].split(",")]
     for tok, plan in plans:
-        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
-        rts = {br: routing.moe_align_block_size(ids, br, E) for br in {v[0][1] for v in plan.values()}}
-        hit = int(torch.unique(ids).numel())
-        for i, (proj, n, kk) in enumerate(PROJ):
-            top_k = 8 if i == 0 else 1
-            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
-            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
-
-            def launch(v):
-                tile, cap, ws, *tail = plan[v]
-                r = rts[tile[1]]
-                with group_loop(tile, cap, indexed_half_tail=tail[0] if tail else None):
-                    sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
-                                                   top_k, None, outs[v], tile, True, ws)
-            report(f"EP8 t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
-                   hit * n * kk * (0.5 + 2 / 32))
-    plan = {"ws256x64": ((256, 64, 16, 3), None, True), "w64x2g": ((128, 64, 4, 2), 168, False)}
+        indexed_case("EP8", E, tok, PROJ, plan)
+    plan = {"ws256x64": V((256, 64, 16, 3), ws=True), "w64x2g": V((128, 64, 4, 2), 168, tail=True)}
     for e, tok in ((E, 32), (E, 40), (24, 32), (12, 32)) if not os.environ.get("WIDE64_TOKENS") else ():
-        counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
-        valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
-        for proj, n, kk in PROJ:
-            w = pack_w4a16_grouped(make_weight(e, n, kk, "cuda"), mode="masked")
-            a = torch.randn(e * 256, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.zeros(e * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
-
-            def launch(v):
-                tile, cap, ws = plan[v]
-                slots = 0 if ws else sm90.masked_row_slots(1.3 * tok, 256, tile[1])
-                with group_loop(tile, cap, masked_half_tail=True if not ws else None):
-                    sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
-                                                   warp_specialize=ws, row_slots=slots)
-            report(f"masked E{e} {tok} {proj}", outs,
-                   measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}), e * n * kk * (0.5 + 2 / 32), valid)
+        masked_case(f"masked E{e}", e, tok, plan)
 
 if "big" in which:
-    plan = {"rs256x128": ((256, 128, 16, 2), None, False), "w64x2g-t": ((128, 64, 4, 2), None, False)}
+    plan = {"rs256x128": V((256, 128, 16, 2)), "w64x2g-t": V((128, 64, 4, 2))}
     for label, e, tok, projs in (("EP8", E, 512, PROJ), ("EP8", E, 768, PROJ), ("EP8", E, 1024, PROJ),
-                                 ("TP8", 384, 8192, (("gate_up", 512, 7168),))):
-        ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
-        rts = {br: routing.moe_align_block_size(ids, br, e) for br in (64, 128)}
-        hit = int(torch.unique(ids).numel())
-        for i, (proj, n, kk) in enumerate(projs):
-            top_k = 8 if i == 0 else 1
-            w = pack_w4a16(make_weight(e, n, kk, "cuda"))
-            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
-
-            def launch(v):
-                tile, cap, ws = plan[v]
-                r = rts[tile[1]]
-                sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
-                                               top_k, None, outs[v], tile, True, ws)
-            report(f"{label} t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
-                   hit * n * kk * (0.5 + 2 / 32))
+                                 ("TP8", 384, 8192, TP8)):
+        indexed_case(label, e, tok, projs, plan)
 
 if "edges" in which:
-    VARIANTS = {"w32x2g": ((128, 32, 4, 2), None, False), "w64x2g-t": ((128, 64, 4, 2), None, False),
-                "rs256x128": ((256, 128, 16, 2), None, False)}
+    VARIANTS = {"w32x2g": V((128, 32, 4, 2)), "w64x2g-t": V((128, 64, 4, 2)), "rs256x128": V((256, 128, 16, 2))}
     for tok, names in ((160, ("w32x2g", "w64x2g-t")), (192, ("w32x2g", "w64x2g-t")), (224, ("w32x2g", "w64x2g-t")),
                        (320, ("w64x2g-t", "rs256x128")), (384, ("w64x2g-t", "rs256x128")),
                        (448, ("w64x2g-t", "rs256x128")), (512, ("w64x2g-t", "rs256x128"))):
-        plan = {v: VARIANTS[v] for v in names}
-        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
-        rts = {br: routing.moe_align_block_size(ids, br, E) for br in {v[0][1] for v in plan.values()}}
-        hit = int(torch.unique(ids).numel())
-        for i, (proj, n, kk) in enumerate(PROJ):
-            top_k = 8 if i == 0 else 1
-            w = pack_w4a16(make_weight(E, n, kk, "cuda"))
-            a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)
-            outs = {v: torch.full((tok * 8, n), float("nan"), dtype=torch.bfloat16, device="cuda") for v in plan}
-
-            def launch(v):
-                tile, cap, ws = plan[v]
-                r = rts[tile[1]]
-                sm90.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded,
-                                               top_k, None, outs[v], tile, True, ws)
-            report(f"EP8 t{tok} {proj}", outs, measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}),
-                   hit * n * kk * (0.5 + 2 / 32))
+        indexed_case("EP8", E, tok, PROJ, {v: VARIANTS[v] for v in names})
 
 if "thin" in which:
-    PLANS = {8: {"16x3": ((64, 16, 4, 3), None, None), "16x2g": ((64, 16, 4, 2), None, None),
-                 "w16x2g": ((128, 16, 4, 2), None, None)},
-             16: {"32x4": ((64, 32, 4, 4), None, None), "32x2g": ((64, 32, 4, 2), None, None),
-                  "w32x2g": ((128, 32, 4, 2), None, None)}}
+    PLANS = {8: {"16x3": V((64, 16, 4, 3)), "16x2g": V((64, 16, 4, 2)), "w16x2g": V((128, 16, 4, 2))},
+             16: {"32x4": V((64, 32, 4, 4)), "32x2g": V((64, 32, 4, 2)), "w32x2g": V((128, 32, 4, 2))}}
     for e in (24, 12):
         for tok, plan in PLANS.items():
-            counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
-            valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
-            for proj, n, kk in PROJ:
-                w = pack_w4a16_grouped(make_weight(e, n, kk, "cuda"), mode="masked")
-                a = torch.randn(e * 256, kk, device="cuda").to(torch.bfloat16)
-                outs = {v: torch.zeros(e * 256, n, dtype=torch.bfloat16, device="cuda") for v in plan}
-
-                def launch(v):
-                    tile, cap, tail = plan[v]
-                    with group_loop(tile, cap, tail):
-                        sm90.w4a16_grouped_sm90_launch(a, w, counts, outs[v], tile, 256, regs_a=True,
-                                                       row_slots=sm90.masked_row_slots(1.3 * tok, 256, tile[1]))
-                report(f"masked E{e} {tok} {proj}", outs,
-                       measure_interleaved({v: (lambda v=v: launch(v)) for v in plan}), e * n * kk * (0.5 + 2 / 32), valid)
+            masked_case(f"masked E{e}", e, tok, plan)
