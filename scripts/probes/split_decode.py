@@ -1,6 +1,7 @@
 """K shares (split-K) of the W4A16 register-A indexed kernel at decode -- a probe, not a benchmark.
 
     python scripts/probes/split_decode.py [tokens ...]
+    SPLIT_DECODE_VARIANTS=8x3,w8x2g,w8x2gs2 python scripts/probes/split_decode.py 1 2
 
 Kimi EP8 (48 experts; gate_up N 4096 K 7168 top-8, down N 7168 K 2048), 8-row routing blocks:
 the public `w4a16_indexed` with the heuristics' config and with its tile / stage count / K
@@ -9,6 +10,7 @@ process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`
 Each output's relative Frobenius difference from the first variant's is printed after its time
 (shares sum in another order: ~1e-3 of bf16 rounding, never more).
 """
+import os
 import sys
 from dataclasses import replace
 
@@ -24,8 +26,13 @@ gen = torch.Generator(device="cuda").manual_seed(20)
 E = 48
 PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 # name: (weight rows, routing block, warps, stages, split_k); "heur" = the heuristics' choice
+# "w": 128 weight rows on one warpgroup (the group loop), a whole-grid answer to the one-token
+# grid's 256 programs of 128 rows
 VARIANTS = {"heur": None, "8x3": (64, 8, 4, 3, 1), "8x3s2": (64, 8, 4, 3, 2), "8x3s3": (64, 8, 4, 3, 3),
-            "8x3s4": (64, 8, 4, 3, 4), "8x2gs2": (64, 8, 4, 2, 2), "8x2gs4": (64, 8, 4, 2, 4)}
+            "8x3s4": (64, 8, 4, 3, 4), "8x2gs2": (64, 8, 4, 2, 2), "8x2gs4": (64, 8, 4, 2, 4),
+            "w8x2g": (128, 8, 4, 2, 1), "w8x2gs2": (128, 8, 4, 2, 2), "w8x2gs3": (128, 8, 4, 2, 3)}
+if os.environ.get("SPLIT_DECODE_VARIANTS"):  # a subset, comma-separated ("heur" always first)
+    VARIANTS = {v: VARIANTS[v] for v in ["heur"] + os.environ["SPLIT_DECODE_VARIANTS"].split(",")}
 tokens = [int(t) for t in sys.argv[1:]] or [1, 2, 4, 8]
 
 for tok in tokens:
