@@ -210,7 +210,7 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: bit-identical, us, gate_up / down), against the warp-specialized four-warpgroup 256x64 (with
 #: its tails): masked 32 tok/expert EP8 355.0 / 216.3 -> 340.0 / 183.0, 40 tok 367.1 / 224.8 ->
 #: 354.3 / 194.5, EP16 182.7 / 110.4 -> 172.4 / 94.1, EP32 124.7 / 65.7 -> 114.8 / 55.8
-#: (1.04-1.18x; 64x64 on the group loop: 0.86-1.01x); indexed EP8 256 tokens (43 routes an
+#: (1.04-1.18x; the 64x64 group loop 0.84-0.99x the 128x64 masked, 0.77-0.78x indexed); indexed EP8 256 tokens (43 routes an
 #: expert) 387.9 / 231.8 -> 377.1 / 215.4, 384 tokens (64 routes) 547.1 / 310.2 -> 574.7 /
 #: 309.1 without a tail, 1.01-1.05x at 256-512 tokens with one (`HALF_TAIL_TILES`,
 #: `w4a16_indexed._GROUP_LOOP_BLOCKS`).
@@ -1523,7 +1523,7 @@ def group_loop_tile(tile: tuple, programs: float, k: int = 0, family: str = "") 
 #: EP8 64 / 100 / 150 / 190 tokens 326.9 / 188.8 -> 251.2 / 137.8, 328.2 / 191.0 -> 257.8 /
 #: 141.4, 348.4 / 202.8 -> 289.4 / 154.1, 487.3 / 282.0 -> 380.5 / 208.4; TP8 512 / 1024 tokens
 #: gate_up 330.3 -> 253.3, 338.1 -> 267.9; masked 16 / 24 tok/expert 307.9 / 183.1 -> 251.1 /
-#: 133.2, 327.7 / 189.4 -> 266.6 / 141.3 (1.20-1.37x; the 64x32 group loop 1.04-1.19x; 128x32
+#: 133.2, 327.7 / 189.4 -> 266.6 / 141.3 (1.20-1.37x; the 64x32 group loop 0.99-1.23x; 128x32
 #: at 3 stages, two CTAs an SM, 1.06-1.17x). Its short-K form (`SHORT_K_TILES`) maps there too.
 _WIDE_32 = ((128, 32, 4, 2), 1 << 30, ("EP", "TP", "masked"),
             "EP8 64-190 tokens, TP8 gate_up, masked 16 tok/expert on 12-48 experts: 1.16-1.37x the 64x32 step loop")
