@@ -188,7 +188,7 @@ _GLUON_BLOCKS = (
              "0.92-0.95x at 32)"),
     (64, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
              "Triton 1196 with 128 weight rows; tok_e 53: 1.15-1.17x the 128-row block, level at 64, "
-             "0.87-0.93x at 75)"),
+             "0.89-0.93x at 75)"),
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128-row routing block (H200 tok_e 171: EP8 "
                         "2485 us, TP8 3686 vs Triton 3521 / 4963 with 128 weight rows, 64-row block 2576 / 4065; "
                         "256 weight rows 1.10-1.14x that)"),
@@ -219,7 +219,7 @@ _WS_BLOCKS = (64, 128)
 #: session (`scripts/probes/decode_blocks.py wide64`, interleaved, bit-identical, us, gate_up /
 #: down, Kimi EP8): 256 tokens (tok_e 43) 388.4 / 230.3 -> 375.7 / 219.3, 320 tokens 430.8 /
 #: 233.9 -> 426.9 / 227.3, 384 tokens 557.2 / 316.9 -> 554.1 / 302.2, 512 tokens (tok_e 85)
-#: 701.0 / 396.4 -> 686.5 / 378.4 (1.01-1.05x); without the tail 0.92-1.07x.
+#: 701.0 / 396.4 -> 686.5 / 378.4 (1.01-1.05x); without the tail 0.93-1.07x.
 _GROUP_LOOP_BLOCKS = (64,)
 
 
