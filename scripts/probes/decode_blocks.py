@@ -8,6 +8,7 @@ a benchmark.
     python scripts/probes/decode_blocks.py big
     python scripts/probes/decode_blocks.py edges
     python scripts/probes/decode_blocks.py thin
+    python scripts/probes/decode_blocks.py w256
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
@@ -22,7 +23,8 @@ one-warpgroup 128x64 (with its half tail) at EP8 512-1024 tokens and TP8 8192 to
 "edges": the routing blocks around their tok_e thresholds (32 vs 64 rows at EP8 160-224
 tokens, 64 vs 128 rows at 320-512); "thin": masked 8 / 16 tok/expert on 24 and 12 experts, whose
 grids of 128-row programs are under `GROUP_LOOP_MIN_PROGRAMS` (the 64-row tiles against their
-128-row forms); "w" tiles: 128
+128-row forms); "w256": 256 weight rows on one warpgroup (four m64 wgmmas a group, 168-232
+registers: two CTAs an SM) against the 128-row forms; "w" tiles: 128
 weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
@@ -190,3 +192,13 @@ if "thin" in which:
     for e in (24, 12):
         for tok, plan in PLANS.items():
             masked_case(f"masked E{e}", e, tok, plan)
+
+if "w256" in which:
+    for tok, plan in ((8, {"8x2g": V((64, 8, 4, 2)), "w8x2g": V((128, 8, 4, 2)), "w256x8": V((256, 8, 4, 2), 168)}),
+                      (50, {"w16x2g": V((128, 16, 4, 2)), "w256x16": V((256, 16, 4, 2), 200)}),
+                      (100, {"w32x2g": V((128, 32, 4, 2)), "w256x32": V((256, 32, 4, 2), 232)}),
+                      (150, {"w32x2g": V((128, 32, 4, 2)), "w256x32": V((256, 32, 4, 2), 232)})):
+        indexed_case("EP8", E, tok, PROJ, plan)
+    plan = {"w32x2g": V((128, 32, 4, 2)), "w256x32": V((256, 32, 4, 2), 232)}
+    indexed_case("TP8", 384, 1024, TP8, plan)
+    masked_case("masked", E, 16, {"w32x2g": V((128, 32, 4, 2)), "w256x32": V((256, 32, 4, 2), 232, tail=False)})
