@@ -9,6 +9,7 @@ a benchmark.
     python scripts/probes/decode_blocks.py edges
     python scripts/probes/decode_blocks.py thin
     python scripts/probes/decode_blocks.py w256
+    python scripts/probes/decode_blocks.py two
 
 The step loop (`_rs_steps_mainloop`: a whole 256-wide K step's fragments held twice, ~128
 registers, four CTAs an SM) against the group loop (`_rs_groups_mainloop` on one warpgroup:
@@ -24,7 +25,8 @@ one-warpgroup 128x64 (with its half tail) at EP8 512-1024 tokens and TP8 8192 to
 tokens, 64 vs 128 rows at 320-512); "thin": masked 8 / 16 tok/expert on 24 and 12 experts, whose
 grids of 128-row programs are under `GROUP_LOOP_MIN_PROGRAMS` (the 64-row tiles against their
 128-row forms); "w256": 256 weight rows on one warpgroup (four m64 wgmmas a group, 168-232
-registers: two CTAs an SM) against the 128-row forms; "w" tiles: 128
+registers: two CTAs an SM) against the 128-row forms; "two": 256 weight rows as two warpgroups
+of 128 on the group loop (one activation ring for both) against one warpgroup of 128; "w" tiles: 128
 weight rows on one warpgroup (two m64 wgmmas a group), the group loop under a cap. A tile runs the
 group loop when it is in that table; the probe adds a tile to it for one launch to try it.
 One process, identical inputs, interleaved CUDA-graph replays (`measure_interleaved`), L2
@@ -202,3 +204,12 @@ if "w256" in which:
     plan = {"w32x2g": V((128, 32, 4, 2)), "w256x32": V((256, 32, 4, 2), 232)}
     indexed_case("TP8", 384, 1024, TP8, plan)
     masked_case("masked", E, 16, {"w32x2g": V((128, 32, 4, 2)), "w256x32": V((256, 32, 4, 2), 232, tail=False)})
+
+if "two" in which:
+    W32 = {"w32x2g": V((128, 32, 4, 2)), "2w256x32": V((256, 32, 8, 2), 128)}
+    for tok in (100, 150):
+        indexed_case("EP8", E, tok, PROJ, W32)
+    indexed_case("TP8", 384, 1024, TP8, W32)
+    indexed_case("EP8", E, 256, PROJ, {"w64x2g-t": V((128, 64, 4, 2)), "2w256x64": V((256, 64, 8, 2), 168)})
+    masked_case("masked", E, 16, {"w32x2g": V((128, 32, 4, 2)), "2w256x32": V((256, 32, 8, 2), 128, tail=False)})
+    masked_case("masked", E, 32, {"w64x2g-t": V((128, 64, 4, 2)), "2w256x64-t": V((256, 64, 8, 2), 168, tail=True)})
