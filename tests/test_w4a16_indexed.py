@@ -427,7 +427,8 @@ def test_gluon_default_for_decode(monkeypatch):
     c = w4a16_indexed_config(1280, 48, 4096, 7168, gluon=True)  # EP8 160 tokens (tok_e 27)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 128, 4), c
     assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
-    for routes, block in ((1280, 32), (1440, 64), (3072, 64), (3360, 128)):  # the blocks' edges: tok_e 27 / 30 / 64 / 70
+    # the blocks' edges: tok_e 27 / 30 / 64 / 70
+    for routes, block in ((1280, 32), (1440, 64), (3072, 64), (3360, 128)):
         assert w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True).block_m == block, routes
     for routes in (2048, 3072):  # EP8 256 / 384 tokens (tok_e 43 / 64): one warpgroup, 128 weight rows
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)

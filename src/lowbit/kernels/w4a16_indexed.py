@@ -272,7 +272,8 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         from .w4a16_sm90 import wide_tile_pays
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
-        # a 64-row block of few routes: the one-warpgroup 128x64 (`INDEXED_RS_TILES`' first 64-row tile)
+        # a 64-row block with K past one step: the one-warpgroup 128x64 (`INDEXED_RS_TILES`' first 64-row
+        # tile, `_GROUP_LOOP_BLOCKS`)
         group_loop_64 = block_m in _GROUP_LOOP_BLOCKS and k > 256
         wide = k > 256 and wide_tile_pays(blocks, n) and not group_loop_64
         programs = blocks * triton.cdiv(n, 64)  # (a group-loop tile's 64-row grid)

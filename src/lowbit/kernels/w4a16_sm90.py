@@ -210,10 +210,10 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: bit-identical, us, gate_up / down), against the warp-specialized four-warpgroup 256x64 (with
 #: its tails): masked 32 tok/expert EP8 355.0 / 216.3 -> 340.0 / 183.0, 40 tok 367.1 / 224.8 ->
 #: 354.3 / 194.5, EP16 182.7 / 110.4 -> 172.4 / 94.1, EP32 124.7 / 65.7 -> 114.8 / 55.8
-#: (1.04-1.18x; the 64x64 group loop 0.84-0.99x the 128x64 masked, 0.77-0.78x indexed); indexed EP8 256 tokens (43 routes an
-#: expert) 387.9 / 231.8 -> 377.1 / 215.4, 384 tokens (64 routes) 547.1 / 310.2 -> 574.7 /
-#: 309.1 without a tail, 1.01-1.05x at 256-512 tokens with one (`HALF_TAIL_TILES`,
-#: `w4a16_indexed._GROUP_LOOP_BLOCKS`).
+#: (1.04-1.18x; the 64x64 group loop 0.84-0.99x the 128x64 masked, 0.77-0.78x indexed);
+#: indexed EP8 256 tokens (43 routes an expert) 387.9 / 231.8 -> 377.1 / 215.4, 384 tokens
+#: (64 routes) 547.1 / 310.2 -> 574.7 / 309.1 without a tail, 1.01-1.05x at 256-512 tokens with
+#: one (`HALF_TAIL_TILES`, `w4a16_indexed._GROUP_LOOP_BLOCKS`).
 GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128,
                       (128, 8, 4, 2): 96, (128, 16, 4, 2): 128, (128, 32, 4, 2): 128, (128, 64, 4, 2): 168}
 #: Masked tiles whose form for a K of at most `SHORT_K_STEPS` 256-wide steps is a group-loop tile:
@@ -1509,10 +1509,12 @@ def group_loop_tile(tile: tuple, programs: float, k: int = 0, family: str = "") 
 
 #: Decode and mid-size blocks (`group_loop_tile` with a `family`): 128 weight rows on one
 #: warpgroup (two m64 wgmmas a group, the group loop) in place of a 64-row tile, where its grid
-#: keeps `GROUP_LOOP_MIN_PROGRAMS` and K has at most the listed 256-wide steps: (tile -> (wide
-#: tile, max K steps, the families it was measured faster for, the measurement)). A step's fixed work (barriers, copies, descriptors: about
-#: half of the issue-bound loop's 456 instructions) then serves twice the weights (SASS: 745 instructions a 128-row step against 2 x 456), at five (96 registers) or
-#: four (128) CTAs an SM. H200, twentieth session (`scripts/probes/decode_blocks.py`, Kimi EP8,
+#: keeps the family's `WIDE_MIN_PROGRAMS` and K has at most the listed 256-wide steps: (tile ->
+#: (wide tile, max K steps, the families it was measured faster for, the measurement)). A
+#: step's fixed work (barriers, copies, descriptors: about half of the issue-bound loop's 456
+#: instructions) then serves twice the weights (SASS: 745 instructions a 128-row step against
+#: 2 x 456), at three to five CTAs an SM (96-128 registers). H200, twentieth session
+#: (`scripts/probes/decode_blocks.py`, Kimi EP8,
 #: same process, bit-identical, us, 64-row -> 128-row): 8-row blocks, down (K 8 steps) at 4 / 8 /
 #: 16 tokens 57.4 -> 53.6, 95.2 -> 89.0, 106.6 -> 99.7, one token 29.8 -> 31.3 (448 programs);
 #: gate_up (28 steps) 109.5 -> 113.1, 179.9 -> 173.8, 198.8 -> 202.6 (not taken); 16-row blocks
@@ -1796,19 +1798,25 @@ def tail_rows(tile, engine: str, family: str) -> int:
     return tile[1] // 2 if tile in half.get(family, ()) else 0
 
 
+def _group_loop(tile, warp_specialize: bool) -> bool:
+    """Whether a register-A launch of `tile` runs the group loop (`GROUP_LOOP_MAXNREG`; never the
+    warp-specialized main loop)."""
+    return not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG
+
+
 def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
     """The register-A grouped kernel's variant constexprs for `tile` (launcher and compile tier)."""
     return {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile),
             "HALF_TAIL": masked and _half_tail(tile, warp_specialize, "masked"),
             "QUARTER_TAIL": masked and _quarter_tail(tile, warp_specialize, "masked"),
-            "GROUP_LOOP": not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG}
+            "GROUP_LOOP": _group_loop(tile, warp_specialize)}
 
 
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     """The register-A indexed kernel's layout and variant constexprs for `tile`."""
     bw, br, warps, stages = tile
     half = _half_tail(tile, warp_specialize, "indexed")
-    group_loop = not warp_specialize and tuple(tile) in GROUP_LOOP_MAXNREG
+    group_loop = _group_loop(tile, warp_specialize)
     gather_warps = _WS_GATHER_WARPS.value if warp_specialize else warps
     return {"X_LAYOUT": _gather_layout(br, gather_warps, group_loop),
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
