@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lowbit import reference, routing
-from lowbit.formats import FormatError, get_format
+from lowbit.formats import FormatError, QuantizedTensor, get_format
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
 from lowbit.kernels.w4a16_core import VALIDATED_TILES, avoid_miscompile, tile_config
 from lowbit.kernels.w4a16_grouped import (
@@ -95,6 +95,42 @@ def test_contiguous_gluon_engine_matches_reference(shape, engine_tile, gen):
     assert (out.cpu()[~rows].float() > 1e30).all(), "padding rows must not be written"
     tri = contiguous(a2, pw, m_idx)
     assert_close(out.cpu()[rows].float(), tri.cpu()[rows].float(), "bf16_out", "gluon vs triton engine")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine_tile", _gluon_tiles(), ids=_tile_id)
+def test_gluon_dequantization_is_exact_across_the_scale_range(engine_tile, gen):
+    """Every Gluon tile reads back ``bf16((q - 8) * s)`` bit for bit: one-hot activations (row k
+    of ``a2`` is e_k), so output row k is the dequantized weight column k; every code, and scales
+    at both ends of `SCALE_RANGE`, negative, zero and random. The register-A kernels dequantize to
+    bf16 subnormals scaled by 2^-64 and rescale the accumulator (`int4_dequant`): a device that
+    flushed subnormals, or a range edge off by one binade, fails here."""
+    from dataclasses import replace
+
+    from lowbit.formats.w4a16 import SCALE_RANGE
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    n, k = 256, 256
+    codes = torch.randint(0, 16, (1, n, k), generator=gen, dtype=torch.uint8)
+    codes[0, :, :16] = torch.arange(16, dtype=torch.uint8)  # every code in every row
+    lo, hi = SCALE_RANGE
+    edge = torch.tensor([lo, -lo, hi * (1 - 2 ** -8), -hi * (1 - 2 ** -8), 0.0, 3.0, -1e-3, 2 ** -40])
+    scales = (torch.rand(1, n, k // 32, generator=gen) * 0.02 + 1e-4) * torch.where(
+        torch.rand(1, n, k // 32, generator=gen) < 0.5, -1.0, 1.0)
+    scales.view(-1)[: edge.numel() * 8] = edge.repeat_interleave(8)
+    wq = QuantizedTensor(codes, scales.to(torch.bfloat16), INT4.name)
+    pw = pack_w4a16_grouped(wq, mode="contiguous").to("cuda")
+    a2 = torch.eye(k, dtype=torch.bfloat16, device="cuda")
+    m_idx = torch.zeros(k, dtype=torch.int32, device="cuda")
+    engine, (bw, br, warps, stages) = engine_tile
+    cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine=engine)
+    out = contiguous(a2, pw, m_idx, out=poison_(torch.empty(k, n, dtype=torch.bfloat16, device="cuda")), config=cfg)
+    want = ((codes[0].float() - 8) * wq.scales[0].float().repeat_interleave(32, dim=1)).to(torch.bfloat16)
+    got = out.cpu().t()
+    bad = (got.view(torch.int16) != want.view(torch.int16)).nonzero()
+    assert bad.numel() == 0, f"{bad.shape[0]} weights differ, first at (n, k) = {bad[0].tolist()}: " \
+                             f"{got[tuple(bad[0])].item()} != {want[tuple(bad[0])].item()}"
 
 
 @pytest.mark.gpu

@@ -196,6 +196,24 @@ def test_pack_round_trip_and_profiles(gen):
         pack_w4a16(wq, profile="contiguous").check("indexed")
 
 
+def test_pack_refuses_scales_the_kernels_cannot_reproduce(gen):
+    """`pack_w4a16` keeps scales to 0 or magnitudes in `SCALE_RANGE` (the register-A kernels'
+    exact dequantization, `int4_dequant`) and finite; the range's edges themselves are accepted."""
+    from lowbit.formats.w4a16 import SCALE_RANGE
+
+    wq = INT4.quantize(torch.randn(2, 16, 64, generator=gen))
+    lo, hi = SCALE_RANGE
+    for ok in (0.0, lo, -lo, hi * (1 - 2 ** -8)):
+        s = wq.scales.clone()
+        s[1, 3, 1] = ok
+        pack_w4a16(wq.codes, s)
+    for bad, why in ((lo / 2, "magnitude"), (-hi, "magnitude"), (float("inf"), "finite"), (float("nan"), "finite")):
+        s = wq.scales.clone()
+        s[0, 5, 0] = bad
+        with pytest.raises(FormatError, match=why):
+            pack_w4a16(wq.codes, s)
+
+
 def test_bad_input(gen, device):
     wq, pw, a, ids = _problem(3, 32, 256, 4, 2, gen, device)
     r = routing.moe_align_block_size(ids, 16, 3)

@@ -16,9 +16,9 @@ with open(_orig.__file__) as _f:
 
 #: Dequantization replaced by register moves (garbage weights, no ALU work): the register-A
 #: kernels' `_dequant_byte` (every production Gluon engine).
-NO_DEQUANT = ('return gl.inline_asm_elementwise(PTX, "=r,=r,r,r,r,r", [words, s_even, s_odd],',
-              'return gl.inline_asm_elementwise("mov.b32 $0, $2; mov.b32 $1, $3;", "=r,=r,r,r,r,r", '
-              '[words, s_even, s_odd],')
+NO_DEQUANT = ('return gl.inline_asm_elementwise(PTX, "=r,=r,r,r,r,r,r,r,r,r,r,r", [words, f_even, f_odd, c_even, c_odd],',
+              'return gl.inline_asm_elementwise("mov.b32 $0, $2; mov.b32 $1, $3;", "=r,=r,r,r,r,r,r,r,r,r,r,r", '
+              '[words, f_even, f_odd, c_even, c_odd],')
 #: Grouped kernels: the activation TMA only for the first two steps (stale activations after);
 #: later steps arrive on the barrier without data, so the consumers' waits still pass.
 NO_ACT_LOADS = [

@@ -24,12 +24,18 @@ import torch
 from .base import FormatError, QuantizedTensor
 from .int4 import INT4_GROUP, Int4G32, from_compressed_tensors
 
-__all__ = ["W4A16Weight", "pack_w4a16", "pack_w4a16_grouped", "unpack_w4a16", "PACK_K", "LAYOUT_K256_GROUP_NIBBLES", "PROFILES"]
+__all__ = ["W4A16Weight", "pack_w4a16", "pack_w4a16_grouped", "unpack_w4a16", "PACK_K", "LAYOUT_K256_GROUP_NIBBLES", "PROFILES",
+           "SCALE_RANGE"]
 
 PACK_K = 256
 LAYOUT_K256_GROUP_NIBBLES = "k256-group-nibbles"
 #: kernel families a prepared weight can be packed for
 PROFILES = ("indexed", "contiguous", "masked")
+#: Nonzero scale magnitudes a prepared weight may hold: [2^-62, 2^58). The Hopper register-A
+#: kernels dequantize to ``(q - 8) * s * 2^-64`` (`lowbit.kernels.int4_dequant`, subnormal form),
+#: bit for bit the true weight scaled, only while that stays a normal bf16 (|s| >= 2^-62) and
+#: ``s * 2^69`` stays finite (|s| < 2^58). Real checkpoints' group scales are ~1e-4 .. 1.
+SCALE_RANGE = (2.0 ** -62, 2.0 ** 58)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,20 @@ def _logical(weight, scale) -> QuantizedTensor:
     return q
 
 
+def _check_scale_range(scales: torch.Tensor) -> None:
+    """Scales must be finite, and 0 or of magnitude in `SCALE_RANGE` (one device reduction, at pack time)."""
+    if not scales.numel():
+        return
+    mag = scales.float().abs()
+    if not bool(torch.isfinite(mag).all()):
+        raise FormatError("pack_w4a16: scales must be finite")
+    lo, hi = SCALE_RANGE
+    bad = (mag > 0) & ((mag < lo) | (mag >= hi))
+    if bool(bad.any()):
+        raise FormatError(f"pack_w4a16: nonzero scales must have magnitude in [2^-62, 2^58) (the Hopper kernels' "
+                          f"exact dequantization), got {float(mag[bad][0]):.3e}")
+
+
 def pack_w4a16(
     weight: QuantizedTensor | torch.Tensor,
     scale: torch.Tensor | None = None,
@@ -107,6 +127,7 @@ def pack_w4a16(
         raise FormatError(f"pack_w4a16 expects expert weights [E, N, K], got codes {tuple(codes.shape)}")
     if codes.numel() and int(codes.max()) > 15:
         raise FormatError("pack_w4a16: codes must be 0..15")
+    _check_scale_range(scales)
     e, n, k = codes.shape
     kp = -(-k // PACK_K) * PACK_K
     if kp != k:

@@ -14,8 +14,9 @@ The main loop, both kernels (`_fill`, `_tile_step`):
 - Each warp owns 16 weight rows (the ``m16n8k16`` A operand): it reads the step's words straight
   into A fragments (the ``k256-group-nibbles`` layout of the indexed profile is fragment-ready:
   word j of a step is K ``32g + j`` of group g), dequantizes them in place with
-  `int4_dequant.dequant_byte_ptx` (two instructions a weight, bit-identical to the other paths'
-  ``bf16((q - 8) * s)``) and issues mma.sync against ldmatrix'd B fragments, FP32 accumulation.
+  `w4a16_sm90._dequant_byte` (`int4_dequant`'s subnormal form: 1.25 instructions a weight, the
+  other paths' ``bf16((q - 8) * s)`` times 2^-64, so the INT4 partial sums are rescaled once,
+  `_unscale`) and issues mma.sync against ldmatrix'd B fragments, FP32 accumulation.
   MXFP8 in the k256-interleaved layout (`moe_decode.Mxfp8ExpertWeight`) is the same idea a byte
   wide: 64 words a step (two 32-word tiles in the ring), word c of half step h holding element
   c of groups 4h .. 4h + 3, turned into four bf16 fragments by `E4M3_QUAD_PTX` (2.5
@@ -66,7 +67,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .int4_dequant import dequant_byte_ptx
+from .int4_dequant import SUBNORMAL_ACC_SCALE
 from .moe_decode import _ROUTE_CHUNK as ROUTE_CHUNK
 from .moe_decode import Mxfp8ExpertWeight
 from .w4a16_sm90 import _dequant_byte
@@ -125,6 +126,20 @@ def _dequant_e4m3(words, s0, s1, s2, s3):
 @gluon.jit
 def _add(a, b):
     return a + b
+
+
+_INT4_UNSCALE = gl.constexpr(SUBNORMAL_ACC_SCALE)
+
+
+@gluon.jit
+def _unscale(FP8: gl.constexpr):
+    """The factor taking a `_tile_step` accumulator to the true scale: INT4 fragments are 2^-64
+    times the weights (exact either way)."""
+    if FP8:
+        f: gl.constexpr = 1.0
+    else:
+        f: gl.constexpr = _INT4_UNSCALE
+    return f
 
 
 @gluon.jit
@@ -199,7 +214,8 @@ def _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK: gl.constexpr, s
 def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, dot_a: gl.constexpr,
                dot_b: gl.constexpr, acc_e, acc_o, FP8: gl.constexpr):
     """One 256-wide K step of the ``[BW, COLS]`` tile whose words are rows ``row0 .. row0+BW`` of
-    stage `st`: dequantized straight into A fragments (INT4: `int4_dequant.dequant_byte_ptx`;
+    stage `st`: dequantized straight into A fragments (INT4: `w4a16_sm90._dequant_byte`, 2^-64 times
+    the weights;
     MXFP8: `_dequant_e4m3`, a half step's four groups at once), times the stage's B boxes;
     groups 2j / 2j + 1 into the even / odd accumulator (two mma.sync chains)."""
     ROWS: gl.constexpr = wring.shape[1]
@@ -225,7 +241,7 @@ def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, do
             s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow)
             xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
             xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
-            w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], dequant_byte_ptx(j))
+            w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], j)
             acc_e = mma_v2(w_e, xe, acc_e)
             acc_o = mma_v2(w_o, xo, acc_o)
     return acc_e, acc_o
@@ -342,7 +358,7 @@ def _gate_up_mma_kernel(
             acc_e, acc_o = _tile_step(wring, sring, xring, kt % STAGES, 0, 2 * BW, dot_a, dot_b, acc_e, acc_o, FP8)
         async_copy.wait_group(0)
         gl.thread_barrier()  # `red` may hold the previous pass's tile
-        red.store(acc_e + acc_o)
+        red.store((acc_e + acc_o) * _unscale(FP8))
         gl.thread_barrier()
         g = _diagonal_sum(red, SPLIT, 0, out_l)
         u = _diagonal_sum(red, SPLIT, BW, out_l)
@@ -515,7 +531,7 @@ def _down_mma_kernel(
             ids_m = gl.load(ids_ptr + tok_m[None, :] * top_k + jm[:, None], mask=okm, other=-1)
             tw_m = gl.load(tw_ptr + tok_m[None, :] * top_k + jm[:, None], mask=okm, other=0.0)
             coef = gl.sum(gl.where((ids_m == e_c[None, :]) & (e_c >= 0)[None, :], tw_m, 0.0), axis=0)
-            acc += (part_e + part_o) * coef[None, :]
+            acc += (part_e + part_o) * (coef * _unscale(FP8))[None, :]
             part_e = gl.zeros([BW, COLS], gl.float32, mma)
             part_o = gl.zeros([BW, COLS], gl.float32, mma)
             kt = 0

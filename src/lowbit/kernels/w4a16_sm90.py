@@ -12,9 +12,12 @@ Common to both variants: per 256-wide K step a ``STAGES``-deep TMA ring brings t
 ``[E * Kp / 32, N]`` view, unswizzled and read through a plain view: group i is row i), plus,
 for the grouped layouts, eight ``[BR, 32]`` activation boxes (the packing pairs group i with
 group i + 4 in one word, so each weight group meets the activation columns of its own group).
-Dequantization is `int4_dequant`'s lop3 + fma.bf16x2 PTX (the same bits as every other path):
-``dequant_byte_ptx(j)`` for the register-A kernels (two K-adjacent words a byte, straight into
-the fragment registers), ``DEQUANT_PAIR_PTX`` for the shared-memory ones.
+Dequantization is `int4_dequant`'s PTX: for the register-A kernels its subnormal form (prmt, and,
+one fma.bf16x2 a weight pair: ``dequant_byte_subnormal_ptx(j)``, two K-adjacent words a byte,
+straight into the fragment registers, or ``dequant_group_subnormal_ptx(g)`` a group at a time),
+whose weights are 2^-64 times the true ones, so every register-A main loop hands its
+accumulator back through `_unscaled` (exact: the bits are those of every other path);
+``DEQUANT_PAIR_PTX`` (lop3 + two fma) for the shared-memory ones.
 The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
 
 - **Register-A** (engine ``gluon_rs``; one main loop `_rs_mainloop` under
@@ -93,7 +96,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .sm90 import H200_NUM_SMS
-from .int4_dequant import DEQUANT_PAIR_PTX, dequant_byte_ptx, dequant_group_ptx
+from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_subnormal_ptx,
+                           dequant_group_subnormal_ptx, scale_factors_ptx)
 
 __all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "WS_TAIL_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
            "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
@@ -500,32 +504,58 @@ def _grouped_smem_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, N, K, max_m, s
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
+_ACC_SCALE = gl.constexpr(SUBNORMAL_ACC_SCALE)
+
+
 @gluon.jit
-def _dequant_byte(words, s_even, s_odd, PTX: gl.constexpr):
-    """bf16 weights of groups 2j and 2j + 1 (``dequant_byte_ptx(j)``) in `words`' register
-    layout, whose K-adjacent element pairs must share a register (a k_width-2 dot operand)."""
-    _, s_even = gl.broadcast(words, s_even)
-    _, s_odd = gl.broadcast(words, s_odd)
-    return gl.inline_asm_elementwise(PTX, "=r,=r,r,r,r,r", [words, s_even, s_odd],
+def _scale_factors(s, g: gl.constexpr):
+    """Group g's bf16 scales `s` (any shape) as the subnormal dequantization's two factors
+    (`int4_dequant.scale_factors_ptx`), each an int32 holding a bf16x2 pair: ``s * 2^69`` (even
+    g) or ``s * 2^65`` (odd g), and ``-8 s * 2^-64``."""
+    PTX: gl.constexpr = scale_factors_ptx(g % 2)
+    return gl.inline_asm_elementwise(PTX, "=r,=r,h", [s], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _unscaled(acc):
+    """A register-A main loop's accumulator (its weights are 2^-64 times the true ones,
+    `int4_dequant` subnormal form) at the true scale: exact."""
+    return acc * _ACC_SCALE
+
+
+@gluon.jit
+def _dequant_byte(words, s_even, s_odd, j: gl.constexpr):
+    """Groups 2j and 2j + 1 (``int4_dequant.dequant_byte_subnormal_ptx(j)``: byte j of the words)
+    in `words`' register layout, whose K-adjacent element pairs must share a register (a
+    k_width-2 dot operand): two bf16 tensors 2^-64 times the weights. `s_even`, `s_odd`: the two
+    groups' bf16 scales, broadcastable to `words` (one a row). Also the output-centric decode
+    engine's (`moe_decode_sm90`)."""
+    f_even, c_even = _scale_factors(s_even, 0)
+    f_odd, c_odd = _scale_factors(s_odd, 1)
+    _, f_even = gl.broadcast(words, f_even)
+    _, f_odd = gl.broadcast(words, f_odd)
+    _, c_even = gl.broadcast(words, c_even)
+    _, c_odd = gl.broadcast(words, c_odd)
+    PTX: gl.constexpr = dequant_byte_subnormal_ptx(j)
+    return gl.inline_asm_elementwise(PTX, "=r,=r,r,r,r,r,r,r,r,r,r,r", [words, f_even, f_odd, c_even, c_odd],
                                      dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=2)
 
 
 @gluon.jit
 def _dequant_pair_regs(words, scales, j: gl.constexpr, srow: gl.constexpr):
-    """Groups 2j and 2j + 1 of a step (``dequant_byte_ptx(j)``: byte j of the words) as two
-    ``[BW, 32]`` A fragments: `scales` the stage's ``[8 * BW]`` flat view, `srow` the fragments'
-    row layout."""
+    """Groups 2j and 2j + 1 of a step as two ``[BW, 32]`` A fragments, 2^-64 times the weights
+    (`_dequant_byte`): `scales` the stage's ``[8 * BW]`` flat view, `srow` the fragments' row layout."""
     BW: gl.constexpr = words.shape[0]
     s_even = scales.slice((2 * j) * BW, BW).load(srow)[:, None]
     s_odd = scales.slice((2 * j + 1) * BW, BW).load(srow)[:, None]
-    PTX: gl.constexpr = dequant_byte_ptx(j)
-    return _dequant_byte(words, s_even, s_odd, PTX)
+    return _dequant_byte(words, s_even, s_odd, j)
 
 
 @gluon.jit
 def _dequant_regs(wring, sring, st, dot_a: gl.constexpr):
     """Step held in stage `st`, dequantized straight into wgmma / mma.sync A fragments: eight
-    ``[BW, 32]`` bf16 tensors (group g = K ``32g ..`` of the step) in the register layout `dot_a`."""
+    ``[BW, 32]`` bf16 tensors (group g = K ``32g ..`` of the step) in the register layout `dot_a`,
+    2^-64 times the weights (the caller's accumulator goes through `_unscaled`)."""
     words = wring.index(st).load(dot_a)
     BW: gl.constexpr = wring.shape[1]
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -668,7 +698,7 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     else:
         acc = _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
                                  GATHER, x_l, SPLIT_ACC, ks, nk)
-    return acc
+    return _unscaled(acc)
 
 
 @gluon.jit
@@ -858,7 +888,7 @@ def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, m
         tma.async_copy_global_to_shared(x2_desc, [nxt * _GROUPS, r0 + BR_HI, 0], xready.index(s),
                                         _stage_boxes(xs2, s), pred=nxt < nk)
     _rs_rings_done(wready, xready, STAGES, False)
-    return acc, acc2
+    return _unscaled(acc), _unscaled(acc2)
 
 
 @gluon.jit
@@ -909,7 +939,7 @@ def _ws_steps_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mma
         fence_async_shared()
     acc = _issue_regs(xs, sl, acc, w0, w1, w2, w3, w4, w5, w6, w7)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-    return (acc,)  # a partition returns a tuple (Triton 3.6 flattens it)
+    return (_unscaled(acc),)  # a partition returns a tuple (Triton 3.6 flattens it)
 
 
 @gluon.jit
@@ -954,9 +984,9 @@ def _ws_groups_partition(xs, wring, sring, wready, wempty, xready, xempty, K, mm
         acc, acc2 = _retire_group_rows(acc, acc2, prev, SPLIT)
         mbarrier.arrive(xempty.index(s), count=1)
     if SPLIT:
-        res = (acc, acc2)
+        res = (_unscaled(acc), _unscaled(acc2))
     else:
-        res = (acc,)
+        res = (_unscaled(acc),)
     return res
 
 
@@ -989,13 +1019,15 @@ def _retire_group_rows(acc, acc2, prev, SPLIT: gl.constexpr):
 
 @gluon.jit
 def _dequant_group_regs(words, scales, g: gl.constexpr, srow: gl.constexpr):
-    """Group g of a step (K ``32g ..``) as one ``[BW, 32]`` A fragment (`_dequant_regs` one group
-    at a time): `scales` the stage's ``[8 * BW]`` flat view, `srow` the fragment's row layout."""
+    """Group g of a step (K ``32g ..``) as one ``[BW, 32]`` A fragment, 2^-64 times the weights
+    (`_dequant_regs` one group at a time): `scales` the stage's ``[8 * BW]`` flat view, `srow` the
+    fragment's row layout."""
     BW: gl.constexpr = words.shape[0]
-    sc = scales.slice(g * BW, BW).load(srow)[:, None]
-    _, sc = gl.broadcast(words, sc)
-    PTX: gl.constexpr = dequant_group_ptx(g)
-    return gl.inline_asm_elementwise(PTX, "=r,r,r,r", [words, sc], dtype=gl.bfloat16, is_pure=True, pack=2)
+    f, c = _scale_factors(scales.slice(g * BW, BW).load(srow)[:, None], g)
+    _, f = gl.broadcast(words, f)
+    _, c = gl.broadcast(words, c)
+    PTX: gl.constexpr = dequant_group_subnormal_ptx(g)
+    return gl.inline_asm_elementwise(PTX, "=r,r,r,r,r,r,r", [words, f, c], dtype=gl.bfloat16, is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -1453,8 +1485,8 @@ def _w4a16_indexed_nloop_kernel(
         n0 = (t0 + j + 1 + STAGES) * BW
         _load_weights(w_desc, s_desc, e * N + n0, srow, n0, 0, wready.index(s1), wring, sring, s1,
                       j + 1 + STAGES < count)
-        _indexed_store(acc, c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, (t0 + j) * BW, N, num_routes, stride_cm,
-                       MUL_WEIGHT, num_warps)
+        _indexed_store(_unscaled(acc), c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, (t0 + j) * BW, N, num_routes,
+                       stride_cm, MUL_WEIGHT, num_warps)
         w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(wready.index(i))
