@@ -40,7 +40,8 @@ PATHS = ("output_centric", "indexed")
 #: 285.1 at 8. (The ninth session, with the SiLU and the combine as torch ops: indexed from 8.)
 #: Nineteenth session, the indexed GEMMs on 8-row routing blocks (bench `decode_oc_int4_*`,
 #: same method): 85.1 vs 91.4 us at 1 token, 151.0 vs 143.3 at 2, 226.2 vs 201.4 at 4.
-#: Measured on that shape only: other expert counts may cross elsewhere.
+#: Twenty-second session, both paths on the subnormal INT4 dequantization: 82.3 vs 84.4 us at 1
+#: token, 146.3 vs 128.9 at 2. Measured on that shape only: other expert counts may cross elsewhere.
 OUTPUT_CENTRIC_MAX_TOKENS = 1
 
 _ENV = "LOWBIT_MOE_PATH"
