@@ -49,13 +49,21 @@ def _same(a, b, fields):
 @pytest.mark.parametrize("variant", ["random", "hot", "dropped"])
 @pytest.mark.parametrize("use_map", [False, True], ids=["no_map", "expert_map"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "T{}_k{}_E{}_B{}".format(*c))
-def test_device_builders_match_reference(case, use_map, variant, gen, device):
+def test_device_builders_match_reference(case, use_map, variant, gen, device, monkeypatch):
+    """Each layout's device builder against the reference; the indexed one on both its paths
+    (one launch up to `SMALL_ROUTES` routes, the four-launch counting sort beyond)."""
+    from lowbit.kernels import moe_routing
+
     t, k, e, block = case
     ids = _draw(case, gen, device, variant)
     emap = _expert_map(e, device) if use_map else None
     g = (e - e // 2) if use_map else e
-    _same(routing.moe_align_block_size(ids, block, e, emap, backend="triton"),
-          routing.moe_align_block_size(ids, block, e, emap, backend="torch"), INDEXED_FIELDS)
+    want = routing.moe_align_block_size(ids, block, e, emap, backend="torch")
+    _same(routing.moe_align_block_size(ids, block, e, emap, backend="triton"), want, INDEXED_FIELDS)
+    small = t * k <= moe_routing.SMALL_ROUTES
+    monkeypatch.setattr(moe_routing, "SMALL_ROUTES", 0 if small else t * k)  # the other path
+    _same(routing.moe_align_block_size(ids, block, e, emap, backend="triton"), want, INDEXED_FIELDS)
+    monkeypatch.undo()
     _same(routing.build_contiguous(ids, e, emap, num_local_experts=g, backend="triton"),
           routing.build_contiguous(ids, e, emap, num_local_experts=g, backend="torch"), CONTIG_FIELDS)
     max_m = t * k  # never overflows

@@ -14,6 +14,12 @@ Every layout is "sort routes by expert, stably, and place each at base(expert) +
 No atomics, so the result is deterministic and identical to the PyTorch reference
 (`lowbit.reference.routing`), and nothing is read back to the host (CUDA-graph capturable).
 
+Decode batches of the indexed layout (at most `SMALL_ROUTES` routes) take one launch instead,
+`_route_small_kernel`: one program histograms the routes, scans the padded counts, sorts the
+keys ``expert * R_PAD + route`` (a stable sort by expert) and places each route at
+``padded_base(expert) + (its sorted index - unpadded_base(expert))``. At decode the four
+launches above are latency, not work: a MoE layer's routing is 4 of its 6 glue kernels.
+
 Heuristic (why these sizes): CHUNK=128 keeps the rank comparison at 16K lanes a program
 (128 a thread at 4 warps); decode (T*top_k <= a few hundred routes) is 1-4 chunks, so the four
 launches are latency-bound either way.
@@ -44,6 +50,11 @@ FILL = 1024  # buffer entries each program of the count kernel fills
 SCAN_CHUNKS = 32  # chunk rows per step of the scan
 SCAN_EXPERTS = 32  # experts per scan program
 BLOCK_TILE = 32  # indexed blocks per program when writing expert_ids
+#: The indexed layout's one-launch path (`_route_small_kernel`) up to this many routes (Kimi
+#: decode: 128 tokens x top-8) and this expert padding; the sort and the histogram are one
+#: program's registers.
+SMALL_ROUTES = 1024
+SMALL_E_PAD = 512
 
 
 @triton.jit
@@ -161,9 +172,52 @@ def _route_scatter_kernel(
         tl.store(expert_ids_ptr + b, tl.where(slot < total, owner_local, -1), mask=b < num_blocks)
 
 
+@triton.jit
+def _route_small_kernel(
+    topk_ids_ptr, expert_map_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,
+    num_routes, num_experts, block_size, size, num_blocks,
+    HAS_MAP: tl.constexpr, R_PAD: tl.constexpr, E_PAD: tl.constexpr, FILL: tl.constexpr,
+):
+    """The whole indexed layout in one program for ``num_routes <= R_PAD``: empty values, then
+    every valid route at ``padded_base(e) + rank``, the first route of each block writing its
+    expert id, and the padded count. Stable: the sort key is ``expert * R_PAD + route``."""
+    fill = tl.arange(0, FILL)
+    for f0 in range(0, size, FILL):
+        tl.store(sorted_ids_ptr + f0 + fill, tl.zeros([FILL], tl.int32) + num_routes, mask=f0 + fill < size)
+    for b0 in range(0, num_blocks, FILL):
+        tl.store(expert_ids_ptr + b0 + fill, tl.full([FILL], -1, tl.int32), mask=b0 + fill < num_blocks)
+    r = tl.arange(0, R_PAD)
+    ids = tl.load(topk_ids_ptr + r, mask=r < num_routes, other=-1)
+    # dropped routes (-1, out of range) and the padding past num_routes: the dump bin, sorted last
+    bins = tl.where((ids >= 0) & (ids < num_experts), ids, E_PAD - 1)
+    counts = tl.histogram(bins, E_PAD)
+    counts = tl.where(tl.arange(0, E_PAD) < num_experts, counts, 0)
+    padded = (counts + block_size - 1) // block_size * block_size
+    padded_base = tl.cumsum(padded, 0) - padded
+    first = tl.cumsum(counts, 0) - counts  # index of each expert's first route in sorted order
+    key = tl.sort(bins * R_PAD + r, 0)
+    e = key // R_PAD
+    live = e < num_experts
+    rank = r - tl.gather(first, e, 0)
+    pos = tl.gather(padded_base, e, 0) + rank
+    tl.debug_barrier()  # every empty value stored before the routes overwrite theirs
+    tl.store(sorted_ids_ptr + pos, key % R_PAD, mask=live)
+    if HAS_MAP:
+        local = tl.load(expert_map_ptr + e, mask=live, other=-1)
+    else:
+        local = e
+    tl.store(expert_ids_ptr + pos // block_size, local, mask=live & (rank % block_size == 0))
+    tl.store(ntpp_ptr, tl.sum(padded, 0))
+
+
 def _e_pad(num_experts: int) -> int:
     # +1 for the dump bin of dropped routes; >= 32 so the scan tiles divide it
     return max(triton.next_power_of_2(num_experts + 1), SCAN_EXPERTS)
+
+
+def _r_pad(num_routes: int) -> int:
+    # a few compiled sizes: 128, 256, 512, 1024
+    return max(triton.next_power_of_2(num_routes), CHUNK)
 
 
 def _sort_routes(topk_ids, num_experts, fill_a, fill_a_value, fill_b):
@@ -202,6 +256,13 @@ def moe_align_block_size_triton(
     num_blocks = size // block_size
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
+    if num_routes <= SMALL_ROUTES and _e_pad(num_experts) <= SMALL_E_PAD:
+        _route_small_kernel[(1,)](
+            topk_ids, expert_map if expert_map is not None else topk_ids, sorted_ids, expert_ids, ntpp,
+            num_routes, num_experts, block_size, size, num_blocks,
+            HAS_MAP=expert_map is not None, R_PAD=_r_pad(num_routes), E_PAD=_e_pad(num_experts), FILL=FILL,
+        )
+        return IndexedRouting(sorted_ids, expert_ids, ntpp, block_size, topk_ids.shape[0], topk_ids.shape[1])
     chunk_start, totals, base, e_pad, num_chunks = _sort_routes(topk_ids, num_experts, sorted_ids, num_routes, None)
     emap = expert_map if expert_map is not None else totals  # dummy pointer when HAS_MAP=False
     _route_offsets_kernel[(1,)](
@@ -273,7 +334,8 @@ def build_masked_triton(
 
 def compile_configs():
     """Every configuration the builders launch, for the compile tier: expert-count paddings of
-    the Kimi K2.x profiles (48 local -> 64, 384 global -> 512) x layouts x expert_map."""
+    the Kimi K2.x profiles (48 local -> 64, 384 global -> 512) x layouts x expert_map; the
+    one-launch indexed path at its smallest and largest route padding."""
     from .compile_tier import KernelConfig
 
     cfgs = []
@@ -308,4 +370,13 @@ def compile_configs():
                      "LAYOUT": "constexpr", "HAS_MAP": "constexpr", "E_PAD": "constexpr", "CHUNK": "constexpr",
                      "BLOCK_TILE": "constexpr"},
                     {"LAYOUT": layout, "HAS_MAP": has_map, "E_PAD": e_pad, "CHUNK": CHUNK, "BLOCK_TILE": BLOCK_TILE}))
+        for r_pad in (128, 1024):
+            for has_map in (False, True):
+                cfgs.append(KernelConfig(
+                    f"route_small[R_PAD={r_pad},E_PAD={e_pad},map={int(has_map)}]", _route_small_kernel,
+                    {"topk_ids_ptr": "*i32", "expert_map_ptr": "*i32", "sorted_ids_ptr": "*i32",
+                     "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "num_routes": "i32", "num_experts": "i32",
+                     "block_size": "i32", "size": "i32", "num_blocks": "i32", "HAS_MAP": "constexpr",
+                     "R_PAD": "constexpr", "E_PAD": "constexpr", "FILL": "constexpr"},
+                    {"HAS_MAP": has_map, "R_PAD": r_pad, "E_PAD": e_pad, "FILL": FILL}))
     return cfgs
