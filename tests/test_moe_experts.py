@@ -55,8 +55,8 @@ def test_paths_match_reference_with_routing_edges(path, gen, device):
 
 
 def test_auto_path_single_token_and_all_on_one_expert(gen, device):
-    """M=1 takes the output-centric path, a batch past the crossover the indexed one (every
-    token's slots on the same two experts: the others get nothing); both match the reference."""
+    """M=1 and a batch past the crossover take the auto path's choice (every token's slots on
+    the same two experts: the others get nothing) and match the reference."""
     e, h, inter, k = 4, 96, 64, 2
     w13, w2, q13, q2 = _int4(e, h, inter, gen, device)
     for m in (1, OUTPUT_CENTRIC_MAX_TOKENS + 3):
@@ -69,10 +69,14 @@ def test_auto_path_single_token_and_all_on_one_expert(gen, device):
 
 
 def test_path_choice_and_override(monkeypatch):
-    assert moe_experts_path(1)[0] == "output_centric"
-    assert moe_experts_path(OUTPUT_CENTRIC_MAX_TOKENS)[0] == "output_centric"
+    if OUTPUT_CENTRIC_MAX_TOKENS >= 1:
+        assert moe_experts_path(1)[0] == "output_centric"
+        assert moe_experts_path(OUTPUT_CENTRIC_MAX_TOKENS)[0] == "output_centric"
     assert moe_experts_path(OUTPUT_CENTRIC_MAX_TOKENS + 1)[0] == "indexed"
+    assert moe_experts_path(1)[0] == ("output_centric" if OUTPUT_CENTRIC_MAX_TOKENS >= 1 else "indexed")
     assert moe_experts_path(512, "mxfp8")[0] == "output_centric"
+    monkeypatch.setenv("LOWBIT_MOE_PATH", "output_centric")
+    assert moe_experts_path(64) == ("output_centric", "LOWBIT_MOE_PATH=output_centric")
     monkeypatch.setenv("LOWBIT_MOE_PATH", "indexed")
     assert moe_experts_path(1) == ("indexed", "LOWBIT_MOE_PATH=indexed")
     monkeypatch.setenv("LOWBIT_MOE_PATH", "fastest")

@@ -16,8 +16,9 @@ Paths:
   prepared weights.
 
 ``path="auto"`` (the default) picks by `moe_experts_path`: the output-centric path while a
-batch has at most `OUTPUT_CENTRIC_MAX_TOKENS` tokens (INT4), always for MXFP8 (the indexed GEMM
-takes INT4 only). ``LOWBIT_MOE_PATH`` overrides the choice. Both paths run without a host
+batch has at most `OUTPUT_CENTRIC_MAX_TOKENS` tokens (INT4; 0 since the H200 measured the indexed
+path faster at every batch, one token included), always for MXFP8 (the indexed GEMM takes INT4
+only). ``LOWBIT_MOE_PATH`` overrides the choice. Both paths run without a host
 readback, so the layer can be captured in a CUDA graph.
 """
 
@@ -41,8 +42,10 @@ PATHS = ("output_centric", "indexed")
 #: Nineteenth session, the indexed GEMMs on 8-row routing blocks (bench `decode_oc_int4_*`,
 #: same method): 85.1 vs 91.4 us at 1 token, 151.0 vs 143.3 at 2, 226.2 vs 201.4 at 4.
 #: Twenty-second session, both paths on the subnormal INT4 dequantization: 82.3 vs 84.4 us at 1
-#: token, 146.3 vs 128.9 at 2. Measured on that shape only: other expert counts may cross elsewhere.
-OUTPUT_CENTRIC_MAX_TOKENS = 1
+#: token, 146.3 vs 128.9 at 2; then with the one-launch routing (`moe_routing._route_small_kernel`)
+#: 82.4 vs 79.4 at 1, 146.4 vs 125.0 at 2: the indexed path is faster at every batch, so 0.
+#: Measured on that shape only: other expert counts may cross elsewhere.
+OUTPUT_CENTRIC_MAX_TOKENS = 0
 
 _ENV = "LOWBIT_MOE_PATH"
 
