@@ -67,10 +67,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .int4_dequant import SUBNORMAL_ACC_SCALE
 from .moe_decode import _ROUTE_CHUNK as ROUTE_CHUNK
 from .moe_decode import Mxfp8ExpertWeight
-from .w4a16_sm90 import _dequant_byte
+from .w4a16_sm90 import _ACC_SCALE, _dequant_byte
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_EXTRA_TILES", "compile_configs"]
 
@@ -128,9 +127,6 @@ def _add(a, b):
     return a + b
 
 
-_INT4_UNSCALE = gl.constexpr(SUBNORMAL_ACC_SCALE)
-
-
 @gluon.jit
 def _unscale(FP8: gl.constexpr):
     """The factor taking a `_tile_step` accumulator to the true scale: INT4 fragments are 2^-64
@@ -138,7 +134,7 @@ def _unscale(FP8: gl.constexpr):
     if FP8:
         f: gl.constexpr = 1.0
     else:
-        f: gl.constexpr = _INT4_UNSCALE
+        f: gl.constexpr = _ACC_SCALE
     return f
 
 
