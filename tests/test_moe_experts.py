@@ -12,6 +12,8 @@ from lowbit.formats import get_format
 from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels.moe_decode import pack_mxfp8_experts
 from lowbit.kernels.moe_elementwise import combine_topk, silu_mul
+from lowbit.kernels.pdl import ENV as PDL_ENV
+from lowbit.kernels.pdl import launch_options, pdl_enabled
 from lowbit.moe import OUTPUT_CENTRIC_MAX_TOKENS, moe_experts_path
 from lowbit.testing import assert_close, poison_, random_topk_ids, random_topk_weights
 
@@ -176,3 +178,50 @@ def test_cuda_graph_replay_indexed(gen):
         torch.cuda.synchronize()
         ref = reference.moe_experts_ref(hidden, ids, tw, q13, q2, round_intermediate=True)
         assert_close(out.cpu().float(), ref.cpu(), "bf16_chain", "graph replay")
+
+
+def test_pdl_off_on_cpu_and_by_env(monkeypatch):
+    """PDL launches only on a CUDA sm_90+ device with the interpreter off; ``LOWBIT_PDL=0``
+    turns it off; the launch option is passed only for a PDL launch."""
+    assert not pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv(PDL_ENV, "0")
+    if torch.cuda.is_available():
+        assert not pdl_enabled(torch.device("cuda"))
+    assert launch_options(False) == {} and launch_options(True) == {"launch_pdl": True}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 40, 256])
+def test_pdl_chain_matches_plain_launches(m, gen, monkeypatch):
+    """The indexed layer's kernels launched with PDL (down streaming its weights before its wait)
+    give bit-identical outputs to plain launches, eagerly and over back-to-back graph replays
+    with fresh routing (a missing wait would read a half-written intermediate)."""
+    e, h, inter, k = 12, 7168, 2048, 8
+    w13, w2, q13, q2 = _int4(e, h, inter, gen, "cuda")
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
+    draws = [(random_topk_ids(m, k, e, generator=gen).cuda(), random_topk_weights(m, k, generator=gen).cuda())
+             for _ in range(4)]
+    assert pdl_enabled(hidden.device)
+    monkeypatch.setenv(PDL_ENV, "0")
+    plain = [moe_experts(hidden, ids, tw, w13, w2, path="indexed") for ids, tw in draws]
+    monkeypatch.setenv(PDL_ENV, "1")
+    ids, tw = draws[0][0].clone(), draws[0][1].clone()
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
+    moe_experts(hidden, ids, tw, w13, w2, out=out, path="indexed")
+    torch.testing.assert_close(out, plain[0], rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        moe_experts(hidden, ids, tw, w13, w2, out=out, path="indexed")
+    outs = []
+    for _ in range(3):  # no synchronization between replays
+        for d_ids, d_tw in draws:
+            ids.copy_(d_ids)
+            tw.copy_(d_tw)
+            out.fill_(float("nan"))
+            graph.replay()
+            outs.append(out.clone())
+    torch.cuda.synchronize()
+    for i, o in enumerate(outs):
+        torch.testing.assert_close(o, plain[i % len(draws)], rtol=0, atol=0, msg=f"replay {i}")
+    ref = reference.moe_experts_ref(hidden, *draws[0], q13, q2, round_intermediate=True)
+    assert_close(outs[0].cpu().float(), ref.cpu(), "bf16_chain", f"PDL chain, {m} tokens")

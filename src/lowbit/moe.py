@@ -131,9 +131,12 @@ def _indexed(hidden, topk_ids, topk_weights, w13: W4A16Weight, w2: W4A16Weight, 
         return out if out is not None else torch.empty(0, w2.n, dtype=torch.bfloat16, device=hidden.device)
     c1, c2 = indexed_configs(hidden, top_k, w13, w2)
     r1 = moe_align_block_size(topk_ids, c1.block_m, e)
+    # both routings before gate_up: down then reads its routing three launches after it was
+    # written, so it streams its first weights while gate_up and silu_mul finish (`kernels.pdl`)
+    r2 = r1 if c2.block_m == c1.block_m else moe_align_block_size(topk_ids, c2.block_m, e)
     gu = w4a16_indexed(hidden, w13, r1.sorted_token_ids, r1.expert_ids, r1.num_tokens_post_padded, top_k, config=c1)
     act = silu_mul(gu)
-    r2 = r1 if c2.block_m == c1.block_m else moe_align_block_size(topk_ids, c2.block_m, e)
     # down: route r reads act row r (its own gate_up row), so the same sorted ids serve with top_k 1
-    y = w4a16_indexed(act, w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1, config=c2)
+    y = w4a16_indexed(act, w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1, config=c2,
+                      routing_ready=True)
     return combine_topk(y, topk_ids, topk_weights, e, out=out)

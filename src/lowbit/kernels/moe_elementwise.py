@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from . import numerics
+from .pdl import launch_options, pdl_enabled, release_next, wait_prior
 
 __all__ = ["silu_mul", "combine_topk"]
 
@@ -29,7 +30,10 @@ BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK_I: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK_I: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # nothing is read before the wait: the next kernel may start at once (`pdl`)
+        release_next()
+        wait_prior()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = cols < I
@@ -40,7 +44,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK_I: tl.constex
 
 @triton.jit
 def _combine_topk_kernel(y_ptr, ids_ptr, w_ptr, out_ptr, N, TOP_K, E, stride_y, stride_o,
-                         BLOCK_N: tl.constexpr):
+                         BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # as `_silu_mul_kernel`
+        release_next()
+        wait_prior()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
@@ -83,8 +90,9 @@ def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tens
     out = _out_rows(out, r, inter, gu.device, "I")
     if r and inter:
         b = _block(inter)
-        _silu_mul_kernel[(r, triton.cdiv(inter, b))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK_I=b,
-                                                      num_warps=4)
+        pdl = pdl_enabled(gu.device)
+        _silu_mul_kernel[(r, triton.cdiv(inter, b))](gu, out, inter, gu.stride(0), out.stride(0), BLOCK_I=b, PDL=pdl,
+                                                      num_warps=4, **launch_options(pdl))
     return out
 
 
@@ -118,8 +126,10 @@ def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     out = _out_rows(out, t, n, y.device, "N")
     if t and n:
         b = _block(n)
+        pdl = pdl_enabled(y.device)
         _combine_topk_kernel[(t, triton.cdiv(n, b))](y, topk_ids, topk_weights, out, n, k, num_experts, y.stride(0),
-                                                     out.stride(0), BLOCK_N=b, num_warps=4)
+                                                     out.stride(0), BLOCK_N=b, PDL=pdl, num_warps=4,
+                                                     **launch_options(pdl))
     return out
 
 
@@ -128,12 +138,16 @@ def compile_configs():
     the compile tier."""
     from .compile_tier import KernelConfig  # noqa: PLC0415
 
-    return [
-        KernelConfig("moe_silu_mul[I=2048]", _silu_mul_kernel,
+    pdl_ptx = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+    return [cfg for pdl in (False, True) for cfg in (
+        KernelConfig(f"moe_silu_mul[I=2048,PDL={int(pdl)}]", _silu_mul_kernel,
                      {"gu_ptr": "*bf16", "out_ptr": "*bf16", "I": "i32", "stride_g": "i32", "stride_o": "i32",
-                      "BLOCK_I": "constexpr"}, {"BLOCK_I": _block(2048)}, num_warps=4),
-        KernelConfig("moe_combine_topk[H=7168]", _combine_topk_kernel,
+                      "BLOCK_I": "constexpr", "PDL": "constexpr"}, {"BLOCK_I": _block(2048), "PDL": pdl}, num_warps=4,
+                     expect_ptx=pdl_ptx if pdl else ()),
+        KernelConfig(f"moe_combine_topk[H=7168,PDL={int(pdl)}]", _combine_topk_kernel,
                      {"y_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32",
-                      "TOP_K": "i32", "E": "i32", "stride_y": "i32", "stride_o": "i32", "BLOCK_N": "constexpr"},
-                     {"BLOCK_N": _block(7168)}, num_warps=4, unaligned=("TOP_K", "E")),
-    ]
+                      "TOP_K": "i32", "E": "i32", "stride_y": "i32", "stride_o": "i32", "BLOCK_N": "constexpr",
+                      "PDL": "constexpr"},
+                     {"BLOCK_N": _block(7168), "PDL": pdl}, num_warps=4, unaligned=("TOP_K", "E"),
+                     expect_ptx=pdl_ptx if pdl else ()),
+    )]

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..formats.w4a16 import W4A16Weight
 from . import numerics
+from .pdl import pdl_enabled
 from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import (
     GLUON_ENGINES,
@@ -388,6 +389,7 @@ def w4a16_indexed(
     topk_weights: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: W4A16Config | None = None,
+    routing_ready: bool = False,
 ) -> torch.Tensor:
     """W4A16 MoE GEMM on the indexed (vLLM ``moe_align_block_size``) layout.
 
@@ -397,6 +399,12 @@ def w4a16_indexed(
     size ``B = config.block_m``; topk_weights optional ``fp32 [M, top_k]`` multiplied in the
     epilogue; out optional ``bf16 [M * top_k, N]`` (rows of unrouted/remote routes are left as
     they were). Returns ``out``.
+
+    On sm_90 the register-A kernels launch with programmatic dependent launch (`pdl`; off with
+    ``LOWBIT_PDL=0``): they start while the previous kernel on the stream finishes and wait for
+    it before reading anything. ``routing_ready=True`` promises that the routing tensors were
+    written two launches or more before this call (``moe_experts``: routing, gate_up,
+    ``silu_mul``, down): the kernel then also streams its first weight steps before that wait.
     """
     w.check("indexed")
     if a.dtype != torch.bfloat16 or a.dim() != 2:
@@ -428,7 +436,8 @@ def w4a16_indexed(
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
     if config.engine in GLUON_ENGINES:
-        _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config)
+        _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config,
+                      routing_ready)
         return out
     if config.engine != "triton":
         raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
@@ -451,7 +460,8 @@ def w4a16_indexed(
     return out
 
 
-def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config) -> None:
+def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config,
+                  routing_ready: bool = False) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
     from .w4a16_sm90 import w4a16_indexed_sm90_launch
@@ -472,8 +482,9 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     num_routes = out.shape[0]
     # split-K: FP32 shares, summed in a fixed order by the Triton kernel's reduction
     dst = out if split == 1 else torch.empty(split, num_routes, w.n, dtype=torch.float32, device=a.device)
+    pdl = (2 if routing_ready else 1) if pdl_enabled(a.device) else 0
     w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, dst, tile, regs_a,
-                              warp_specialize=config.engine == "gluon_ws", split_k=split)
+                              warp_specialize=config.engine == "gluon_ws", split_k=split, pdl=pdl)
     if split > 1:
         _splitk_reduce(dst, out, sorted_ids, expert_ids, ntpp, config.block_m, _RS_REDUCE_BN)
 

@@ -95,6 +95,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .pdl import gl_release_next, gl_wait_prior, launch_options
 from .sm90 import H200_NUM_SMS
 from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_subnormal_ptx,
                            dequant_group_subnormal_ptx, scale_factors_ptx)
@@ -651,12 +652,13 @@ def _act_ring(x_desc, BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constex
 
 @gluon.jit
 def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR: gl.constexpr, STAGES: gl.constexpr,
-              GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk):
+              GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk, PDL_WAIT: gl.constexpr = False):
     """The register-A main loops' rings (activations, words + scales, one ready mbarrier a stage
     each) with steps 0 .. STAGES-1 in flight; with GATHER, this thread's copies of step 0 landed
     and fenced (every thread's once the caller passes a CTA barrier). Returns the rings, the
     barriers and the step count. Loop step i is K step ``ks + i`` of the `nk` this program
-    runs (`_k_share`; None: all of K)."""
+    runs (`_k_share`; None: all of K). PDL_WAIT: the weight steps are issued first, then the
+    wait on the previous kernel (`pdl`, ``PDL=2``), then the activations."""
     xs = _act_ring(x_desc, BR, STAGES, GATHER)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     xready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -665,9 +667,17 @@ def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR:
 
     if nk is None:
         nk = gl.cdiv(K, 256)
-    for i in gl.static_range(STAGES):
-        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
-        _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+    if PDL_WAIT:  # the weights are constant: they travel while the previous kernel finishes
+        for i in gl.static_range(STAGES):
+            _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
+        gl_wait_prior()
+        gl_release_next()
+        for i in gl.static_range(STAGES):
+            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+    else:
+        for i in gl.static_range(STAGES):
+            _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
+            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
     if GATHER:
         async_copy.wait_group(STAGES - 1)
         fence_async_shared()
@@ -686,25 +696,27 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 @gluon.jit
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
-                 SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None):
+                 SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
+                 PDL_WAIT: gl.constexpr = False):
     """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
     whole step's fragments twice (`_rs_steps_mainloop`, which SPLIT_ACC gives two accumulators);
     four-warpgroup tiles (256 weight rows), and with GROUP_LOOP one-warpgroup tiles under a
     register cap (`GROUP_LOOP_MAXNREG`), dequantize one group at a time (`_rs_groups_mainloop`).
-    Same arguments and result. `ks`, `nk`: the K share (`_k_share`; default all of K)."""
+    Same arguments and result. `ks`, `nk`: the K share (`_k_share`; default all of K).
+    PDL_WAIT: `_rs_rings`'."""
     if w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
-                                  GATHER, x_l, ks, nk)
+                                  GATHER, x_l, ks, nk, PDL_WAIT)
     else:
         acc = _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
-                                 GATHER, x_l, SPLIT_ACC, ks, nk)
+                                 GATHER, x_l, SPLIT_ACC, ks, nk, PDL_WAIT)
     return _unscaled(acc)
 
 
 @gluon.jit
 def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
-                       SPLIT_ACC: gl.constexpr, ks, nk):
+                       SPLIT_ACC: gl.constexpr, ks, nk, PDL_WAIT: gl.constexpr = False):
     """FP32 ``[BW, BR]``: the weight rows ``wrow ..`` of the ``[E * N, Kp / 8]`` words view
     (scales from row `srow` of the ``[E * Kp / 32, N]`` view), dequantized as wgmma's register
     A operand, times the activation rows (B operand from the STAGES-deep shared-memory ring:
@@ -721,7 +733,7 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
     BW: gl.constexpr = w_desc.block_type.shape[0]
     # step 0's rows landed (this thread's), visible to wgmma (every thread's) after the barrier
     xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
-                                                     BR, STAGES, GATHER, x_l, ks, nk)
+                                                     BR, STAGES, GATHER, x_l, ks, nk, PDL_WAIT)
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
     acc2 = gl.zeros([BW, BR], gl.float32, mma)  # SPLIT_ACC only (loop-invariant, and dropped, otherwise)
@@ -771,7 +783,8 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
 
 @gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
-                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk):
+                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk,
+                        PDL_WAIT: gl.constexpr = False):
     """`_rs_steps_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
     bytes a FLOP of the 128-row tiles (each activation block read once for 256 weight rows).
     Also the one-warpgroup decode tiles of `GROUP_LOOP_MAXNREG`: 64 registers, eight CTAs an SM.
@@ -787,7 +800,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
     xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
-                                                     BR, STAGES, GATHER, x_l, ks, nk)
+                                                     BR, STAGES, GATHER, x_l, ks, nk, PDL_WAIT)
     if GATHER:  # step 0's rows: this thread's landed; every thread's after the barrier
         gl.thread_barrier()
 
@@ -1324,12 +1337,14 @@ def _w4a16_indexed_sm90_kernel(
 def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k, stride_am,
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
-                      QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None):
+                      QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
+                      PDL_WAIT: gl.constexpr = False):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
     the first three quarters of them multiplied (`WS_TAIL_TILES`). `ks`, `nk`: a K share
-    (`_k_share`; register-A main loop only), stored in FP32 to `c_ptr`."""
+    (`_k_share`; register-A main loop only), stored in FP32 to `c_ptr`. PDL_WAIT (register-A main
+    loop only): `_rs_rings`'."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR // 2 if QUARTER else BR, 16])
     wrow = e * N + n0
@@ -1347,7 +1362,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
     else:
         row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
-                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk)
+                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
 
 
@@ -1374,7 +1389,7 @@ def _w4a16_indexed_rs_kernel(
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
     QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr, num_warps: gl.constexpr,
-    SPLIT_K: gl.constexpr = 1, stride_ws=0,
+    SPLIT_K: gl.constexpr = 1, stride_ws=0, PDL: gl.constexpr = 0,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`; GROUP_LOOP: one group at a
     time, `GROUP_LOOP_MAXNREG`): the routed rows (row
@@ -1390,10 +1405,17 @@ def _w4a16_indexed_rs_kernel(
     route in its last quarter multiplies only its first three quarters (`WS_TAIL_TILES`).
     SPLIT_K > 1: grid axis 2 splits K (`_k_share`); `c_ptr` is then the FP32 workspace
     ``[SPLIT_K, num_routes, N]`` (share s at ``c_ptr + s * stride_ws``), summed by
-    `w4a16_indexed`'s reduction kernel."""
+    `w4a16_indexed`'s reduction kernel.
+    PDL (`pdl`): 0 launched without it; 1 wait on the previous kernel first; 2 (register-A main
+    loop only) read the routing and TMA the first STAGES weight steps, then wait: the routing
+    must have been written two launches or more before this one."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
     gl.static_assert(SPLIT_K == 1 or not WARP_SPECIALIZE, "SPLIT_K: the register-A main loop only")
+    gl.static_assert(PDL != 2 or not WARP_SPECIALIZE, "PDL=2: the register-A main loop only")
+    if PDL == 1:
+        gl_wait_prior()
+        gl_release_next()
     pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
     if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
         return
@@ -1420,14 +1442,14 @@ def _w4a16_indexed_rs_kernel(
     if HALF_TAIL and half_free:  # no route in the second half
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2)
     elif QUARTER_TAIL and quarter_free:  # none in the last quarter
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, True, True)
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2)
 
 
 @gluon.jit
@@ -1865,7 +1887,8 @@ def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
 
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
-                              regs_a: bool = False, warp_specialize: bool = False, split_k: int = 1) -> None:
+                              regs_a: bool = False, warp_specialize: bool = False, split_k: int = 1,
+                              pdl: int = 0) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
     built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`), with
@@ -1873,7 +1896,10 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     256-wide step on a two-warpgroup register-A tile (`NLOOP_TILES`) runs the N-loop kernel
     `_w4a16_indexed_nloop_kernel` instead (with or without `warp_specialize`). `split_k` > 1
     (register-A main loop only, `k_split_ok`): `out` is the FP32 workspace
-    ``[split_k, M * top_k, N]`` of K shares, which the caller sums."""
+    ``[split_k, M * top_k, N]`` of K shares, which the caller sums. `pdl` (`pdl`): 0 a plain launch;
+    1 a PDL launch that waits first; 2 one that streams its first weight steps before its wait (the
+    routing written two launches back or more). The register-A kernel takes it (2 becomes 1 on
+    the warp-specialized main loop); the N loop and the shared-memory engine launch plainly."""
     bw, br, warps, stages = tile
     if split_k > 1 and (not regs_a or warp_specialize or runs_nloop(tile, w.k) or not k_split_ok(w.k, split_k)):
         raise ValueError(f"split_k={split_k}: the register-A (not warp-specialized) kernel splits K, into "
@@ -1891,6 +1917,8 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
     if regs_a and (cap := _rs_maxnreg(tile, extra, grouped=False)):
         extra["maxnreg"] = cap
+    if regs_a and pdl:
+        extra.update(PDL=1 if extra["WARP_SPECIALIZE"] else pdl, **launch_options(True))
     if split_k > 1:
         extra.update(SPLIT_K=split_k, stride_ws=out.stride(0))
     n_fastest = _n_fastest(br)
@@ -1998,6 +2026,21 @@ def compile_configs():
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
                 maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
                 unaligned=("N", "K", "num_routes", "top_k", "stride_ws")))
+    # the PDL forms (`pdl`) of the MoE layer's decode and prefill tiles: the down projection's
+    # (PDL 2: weights before the wait) and gate_up's (PDL 1), warp-specialized at 1
+    pdl_tiles = [("gluon_rs", t, p) for t in ((64, 8, 4, 2), (64, 8, 4, 3), (128, 64, 4, 2), (256, 128, 16, 2))
+                 for p in (1, 2)] + [("gluon_ws", (256, 64, 16, 3), 1)]
+    for kind, (bw, br, warps, stages), pdl in pdl_tiles:
+        extra = {**_indexed_rs_constexprs((bw, br, warps, stages), kind == "gluon_ws"), "SPLIT_K": 1, "PDL": pdl}
+        cfgs.append(KernelConfig(
+            f"w4a16_indexed_sm90_{kind}_pdl{pdl}[BW={bw},BR={br},w={warps},stages={stages}]",
+            _w4a16_indexed_rs_kernel, {**isig, **descs(bw), **{k: "constexpr" for k in extra}},
+            {"BR": br, "STAGES": stages, "MUL_WEIGHT": False, "N_FASTEST": _n_fastest(br), "num_warps": warps,
+             **extra},
+            num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
+            expect_ptx=("wgmma.wait_group.sync.aligned 0", "griddepcontrol.wait", "griddepcontrol.launch_dependents"),
+            maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
+            unaligned=("N", "K", "num_routes", "top_k")))
     for bw, br, warps, stages in NLOOP_TILES:
         for mul in (False, True):
             cfgs.append(KernelConfig(
