@@ -191,11 +191,12 @@ def test_pdl_off_on_cpu_and_by_env(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 4, 40, 256])
-def test_pdl_chain_matches_plain_launches(m, gen, monkeypatch):
-    """The indexed layer's kernels launched with PDL (down streaming its weights before its wait)
-    give bit-identical outputs to plain launches, eagerly and over back-to-back graph replays
-    with fresh routing (a missing wait would read a half-written intermediate)."""
+@pytest.mark.parametrize("path, m", [("indexed", 1), ("indexed", 4), ("indexed", 40), ("indexed", 256),
+                                     ("output_centric", 1), ("output_centric", 8)])
+def test_pdl_chain_matches_plain_launches(path, m, gen, monkeypatch):
+    """Either path's kernels launched with PDL (the indexed down streaming its weights before its
+    wait) give bit-identical outputs to plain launches, eagerly and over back-to-back graph
+    replays with fresh routing (a missing wait would read a half-written intermediate)."""
     e, h, inter, k = 12, 7168, 2048, 8
     w13, w2, q13, q2 = _int4(e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
@@ -203,15 +204,15 @@ def test_pdl_chain_matches_plain_launches(m, gen, monkeypatch):
              for _ in range(4)]
     assert pdl_enabled(hidden.device)
     monkeypatch.setenv(PDL_ENV, "0")
-    plain = [moe_experts(hidden, ids, tw, w13, w2, path="indexed") for ids, tw in draws]
+    plain = [moe_experts(hidden, ids, tw, w13, w2, path=path) for ids, tw in draws]
     monkeypatch.setenv(PDL_ENV, "1")
     ids, tw = draws[0][0].clone(), draws[0][1].clone()
     out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
-    moe_experts(hidden, ids, tw, w13, w2, out=out, path="indexed")
+    moe_experts(hidden, ids, tw, w13, w2, out=out, path=path)
     torch.testing.assert_close(out, plain[0], rtol=0, atol=0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        moe_experts(hidden, ids, tw, w13, w2, out=out, path="indexed")
+        moe_experts(hidden, ids, tw, w13, w2, out=out, path=path)
     outs = []
     for _ in range(3):  # no synchronization between replays
         for d_ids, d_tw in draws:
@@ -224,4 +225,4 @@ def test_pdl_chain_matches_plain_launches(m, gen, monkeypatch):
     for i, o in enumerate(outs):
         torch.testing.assert_close(o, plain[i % len(draws)], rtol=0, atol=0, msg=f"replay {i}")
     ref = reference.moe_experts_ref(hidden, *draws[0], q13, q2, round_intermediate=True)
-    assert_close(outs[0].cpu().float(), ref.cpu(), "bf16_chain", f"PDL chain, {m} tokens")
+    assert_close(outs[0].cpu().float(), ref.cpu(), "bf16_chain", f"PDL chain, {path}, {m} tokens")

@@ -38,6 +38,7 @@ from ..routing.layouts import (
     max_contiguous_rows,
     max_num_tokens_padded,
 )
+from .pdl import launch_options, pdl_enabled, release_next, wait_prior
 
 __all__ = ["moe_align_block_size_triton", "build_contiguous_triton", "build_masked_triton"]
 
@@ -176,11 +177,14 @@ def _route_scatter_kernel(
 def _route_small_kernel(
     topk_ids_ptr, expert_map_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr,
     num_routes, num_experts, block_size, size, num_blocks,
-    HAS_MAP: tl.constexpr, R_PAD: tl.constexpr, E_PAD: tl.constexpr, FILL: tl.constexpr,
+    HAS_MAP: tl.constexpr, R_PAD: tl.constexpr, E_PAD: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The whole indexed layout in one program for ``num_routes <= R_PAD``: empty values, then
     every valid route at ``padded_base(e) + rank``, the first route of each block writing its
     expert id, and the padded count. Stable: the sort key is ``expert * R_PAD + route``."""
+    if PDL:  # launched with it (`pdl`): wait on the router's kernel first, then let gate_up start
+        wait_prior()
+        release_next()
     fill = tl.arange(0, FILL)
     for f0 in range(0, size, FILL):
         tl.store(sorted_ids_ptr + f0 + fill, tl.zeros([FILL], tl.int32) + num_routes, mask=f0 + fill < size)
@@ -257,10 +261,12 @@ def moe_align_block_size_triton(
     expert_ids = torch.empty(num_blocks, dtype=torch.int32, device=dev)
     ntpp = torch.empty(1, dtype=torch.int32, device=dev)
     if num_routes <= SMALL_ROUTES and _e_pad(num_experts) <= SMALL_E_PAD:
+        pdl = pdl_enabled(dev)
         _route_small_kernel[(1,)](
             topk_ids, expert_map if expert_map is not None else topk_ids, sorted_ids, expert_ids, ntpp,
             num_routes, num_experts, block_size, size, num_blocks,
             HAS_MAP=expert_map is not None, R_PAD=_r_pad(num_routes), E_PAD=_e_pad(num_experts), FILL=FILL,
+            PDL=pdl, **launch_options(pdl),
         )
         return IndexedRouting(sorted_ids, expert_ids, ntpp, block_size, topk_ids.shape[0], topk_ids.shape[1])
     chunk_start, totals, base, e_pad, num_chunks = _sort_routes(topk_ids, num_experts, sorted_ids, num_routes, None)
@@ -377,6 +383,7 @@ def compile_configs():
                     {"topk_ids_ptr": "*i32", "expert_map_ptr": "*i32", "sorted_ids_ptr": "*i32",
                      "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "num_routes": "i32", "num_experts": "i32",
                      "block_size": "i32", "size": "i32", "num_blocks": "i32", "HAS_MAP": "constexpr",
-                     "R_PAD": "constexpr", "E_PAD": "constexpr", "FILL": "constexpr"},
-                    {"HAS_MAP": has_map, "R_PAD": r_pad, "E_PAD": e_pad, "FILL": FILL}))
+                     "R_PAD": "constexpr", "E_PAD": "constexpr", "FILL": "constexpr", "PDL": "constexpr"},
+                    {"HAS_MAP": has_map, "R_PAD": r_pad, "E_PAD": e_pad, "FILL": FILL, "PDL": True},
+                    expect_ptx=("griddepcontrol.wait", "griddepcontrol.launch_dependents")))
     return cfgs
