@@ -59,7 +59,6 @@ for natural-layout MXFP8), and the GPU tests compare this engine with the FP32 r
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from functools import lru_cache
 
 import torch
@@ -70,7 +69,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .moe_decode import _ROUTE_CHUNK as ROUTE_CHUNK
 from .moe_decode import Mxfp8ExpertWeight
-from .pdl import gl_release_next, gl_wait_prior, launch_options, pdl_enabled
 from .w4a16_sm90 import _ACC_SCALE, _dequant_byte
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_EXTRA_TILES", "compile_configs"]
@@ -264,7 +262,7 @@ def _gate_up_mma_kernel(
     num_routes, top_k, num_experts, H, I, nk,
     stride_xm, stride_am,
     COLS: gl.constexpr, ROUTE_CHUNK: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
-    FP8: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+    FP8: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (ib, r): neurons ``16 ib ..`` of the routes of expert ``topk_ids.flat[r]`` when r is
     that expert's first route. W13 words ``[E, 2I, nk * WPS]`` (WPS = 32 words a K step for
@@ -275,11 +273,7 @@ def _gate_up_mma_kernel(
     ``MB = COLS / SPLIT`` B columns (the members' hidden rows at that K chunk): the mma layout
     replicates B across warps, so the columns are where the warps differ. One tile a warp keeps
     the registers down (two tiles a warp: 216-248 registers, 2 warps a scheduler). The warps'
-    partials are summed at the end (`_diagonal_sum`), then SiLU(gate) * up. PDL: launched with it
-    (`pdl`): wait on the previous kernel (the router's ids) before anything else."""
-    if PDL:
-        gl_wait_prior()
-        gl_release_next()
+    partials are summed at the end (`_diagonal_sum`), then SiLU(gate) * up."""
     SPLIT: gl.constexpr = num_warps // 2
     MB: gl.constexpr = COLS // SPLIT
     BW: gl.constexpr = 16 * SPLIT
@@ -456,7 +450,7 @@ def _down_mma_kernel(
     M, top_k, num_experts, H, I, nk,
     stride_om,
     COLS: gl.constexpr, POS: gl.constexpr, E_P2: gl.constexpr, STAGES: gl.constexpr, X_LAYOUT: gl.constexpr,
-    FP8: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+    FP8: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (hb, tb): outputs ``16 hb ..`` of tokens ``tb * MB ..`` (MB = COLS / num_warps).
     W2 words ``[E, H, nk * 32]``, scales ``[E, nk * 8, H]``; act ``[M, top_k, I]`` contiguous.
@@ -466,11 +460,7 @@ def _down_mma_kernel(
     W2[e], its block of MB B columns: the tokens' act rows for e), then folds the routing weights
     ``sum_j topk_weights[t, j] [topk_ids[t, j] == e]`` into its accumulator per token. The warps'
     accumulators hold partials of the same outputs, summed at the end (`_diagonal_sum`). One
-    flat loop over (round, K step), so the ring runs across expert boundaries. PDL: launched with
-    it (`pdl`): wait on gate_up before anything else."""
-    if PDL:
-        gl_wait_prior()
-        gl_release_next()
+    flat loop over (round, K step), so the ring runs across expert boundaries."""
     SPLIT: gl.constexpr = num_warps
     MB: gl.constexpr = COLS // SPLIT
     BW: gl.constexpr = 16 * SPLIT
@@ -579,12 +569,6 @@ def _check_smem(who: str, rows: int, cols: int, stages: int, fp8: bool) -> None:
                          "warps or stages")
 
 
-def _pdl(device: torch.device) -> dict:
-    """Both kernels' PDL keywords (`pdl`): each waits on the previous kernel first."""
-    on = pdl_enabled(device)
-    return {"PDL": on, **launch_options(on)}
-
-
 @lru_cache(maxsize=None)
 def _x_layout(cols: int, num_warps: int) -> gl.BlockedLayout:
     """The B copies' layout for a stage's ``[8, cols, 32]`` bf16 boxes: 16-byte pieces, warps
@@ -608,7 +592,7 @@ def gate_up_mma_launch(hidden, topk_ids, w13, out, cols: int, split: int, stages
         m * top_k, top_k, w13.num_experts, h, inter, nk,
         hidden.stride(0), inter,
         COLS=cols, ROUTE_CHUNK=ROUTE_CHUNK, STAGES=stages, X_LAYOUT=_x_layout(cols, 2 * split), FP8=fp8,
-        num_warps=2 * split, **_maxnreg("GATE_UP"), **_pdl(hidden.device),
+        num_warps=2 * split, **_maxnreg("GATE_UP"),
     )
 
 
@@ -632,7 +616,6 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, cols: int, split: int,
         out.stride(0),
         COLS=cols, POS=triton.next_power_of_2(mb * top_k), E_P2=triton.next_power_of_2(w2.num_experts),
         STAGES=stages, X_LAYOUT=_x_layout(cols, split), FP8=fp8, num_warps=split, **_maxnreg("DOWN"),
-        **_pdl(act.device),
     )
 
 
@@ -677,10 +660,4 @@ def compile_configs():
                 {"COLS": cols, "POS": triton.next_power_of_2(cols // split * 8), "E_P2": 64, "STAGES": stages,
                  "X_LAYOUT": _x_layout(cols, split), "FP8": fp8, "num_warps": split},
                 num_warps=split, expect_sass=("HMMA",), unaligned=("M", "top_k", "nk")))
-    # the PDL forms (`pdl`) of the INT4 default tiles
-    pdl_ptx = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
-    for c in [c for c in out if "fp8" not in c.name and any(f"[C={t},split={sp}," in c.name for _, t, sp, _ in
-                                                            _MMA_SPLITS)]:
-        out.append(replace(c, name=c.name.replace("_mma[", "_mma_pdl["), signature={**c.signature, "PDL": "constexpr"},
-                           constexprs={**c.constexprs, "PDL": True}, expect_ptx=pdl_ptx))
     return out
