@@ -2,13 +2,17 @@
 benchmark.
 
     python scripts/probes/pdl_chain.py [TOKENS ...]     (default 1 2 4 8 16 32 128 256)
+    PDL_CHAIN=gemm python scripts/probes/pdl_chain.py [TOKENS ...]
 
 `lowbit.moe_experts(path="indexed")` (routing, gate_up, silu_mul, down, combine) on Kimi K2.x
-EP8 shapes (48 experts, H 7168, I 2048, top-8), captured once with ``LOWBIT_PDL=0`` (plain
-launches) and once with PDL (`lowbit.kernels.pdl`: down streams its first weight steps before
-its wait), beside Humming's indexed GEMMs in the same composition (the bench's
+EP8 shapes (48 experts, H 7168, I 2048, top-8), captured with ``LOWBIT_PDL=0`` (plain
+launches), with PDL (`lowbit.kernels.pdl`: down streams its first weight steps before its wait)
+and with PDL plus down's whole weight tile prefetched into L2 before that wait, beside Humming's indexed GEMMs in the same composition (the bench's
 ``humming-indexed`` provider), interleaved CUDA-graph replays behind an L2 flush
-(`measure_interleaved`); the two lowbit outputs compared bit for bit ("!" marks a difference).
+(`measure_interleaved`); the lowbit outputs compared bit for bit ("!" marks a difference).
+``gemm``: each projection's `w4a16_indexed` alone (gate_up, then down; the L2 flush before it
+is its only predecessor), plain against PDL (waiting first): what a lone call pays for the launch
+attribute.
 The output-centric path's two kernels waiting first under PDL measured 0.99-1.00x plain
 launches (twenty-third session, INT4 and MXFP8, 1-32 tokens): not kept, so not probed here.
 """
@@ -20,34 +24,71 @@ import torch
 from lowbit.bench.opcases import OP_CASES, _decode_case
 from lowbit.bench.ops import DecodeHummingIndexed, DecodeLowbitIndexed, build_op_problem
 from lowbit.bench.timing import measure_interleaved
+from lowbit.bench.cases import make_weight
+from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels.pdl import ENV
+from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.routing import moe_align_block_size
 
 tokens = [int(t) for t in sys.argv[1:]] or [1, 2, 4, 8, 16, 32, 128, 256]
 
 
+def gemm_case(t):
+    """`w4a16_indexed` gate_up and down alone, plain vs PDL, one line each."""
+    e = 48
+    ids = torch.stack([torch.randperm(e, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+    for proj, n, k, top_k in (("gate_up", 4096, 7168, 8), ("down", 7168, 2048, 1)):
+        w = pack_w4a16(make_weight(e, n, k, "cuda"))
+        a = torch.randn(t if top_k == 8 else t * 8, k, device="cuda").to(torch.bfloat16)
+        cfg = w4a16_indexed_config(t * 8, e, n, k, gluon=True)
+        r = moe_align_block_size(ids, cfg.block_m, e)
+        fns, outs = {}, {}
+        for label, env in (("plain", "0"), ("pdl", "1")):
+            outs[label] = torch.zeros(t * 8, n, dtype=torch.bfloat16, device="cuda")
+            fns[label] = with_env(env, lambda o=outs[label]: w4a16_indexed(
+                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, out=o, config=cfg))
+        tm = measure_interleaved(fns, rounds=80)
+        same = "" if torch.equal(outs["plain"], outs["pdl"]) else "!"
+        p, q = tm["plain"].median_us, tm["pdl"].median_us
+        print(f"gemm {t:>5} {proj:8} plain {p:7.1f} pdl {q:7.1f}{same}  pdl/plain {p / q:.3f}", flush=True)
+
+
 def with_env(value, fn):
+    """`fn` run with ``LOWBIT_PDL=value`` (a dict: several variables)."""
+    env = value if isinstance(value, dict) else {ENV: value}
+
     def call():
-        saved = os.environ.get(ENV)
-        os.environ[ENV] = value
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             return fn()
         finally:
-            if saved is None:
-                os.environ.pop(ENV)
-            else:
-                os.environ[ENV] = saved
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
     return call
 
 
-print(f"{'tokens':>6} {'plain us':>9} {'pdl us':>8} {'humming us':>10} {'pdl/plain':>9} {'x hum plain':>11} "
-      f"{'x hum pdl':>9}", flush=True)
+#: the layer's variants: plain launches, PDL, PDL with down's weight tile prefetched into L2
+#: before its wait (``LOWBIT_PDL_L2_PREFETCH=1``)
+CHAIN = {"plain": {ENV: "0"}, "pdl": {ENV: "1", "LOWBIT_PDL_L2_PREFETCH": "0"},
+         "pdl-l2": {ENV: "1", "LOWBIT_PDL_L2_PREFETCH": "1"}}
+
+
+if os.environ.get("PDL_CHAIN") == "gemm":
+    for t in tokens:
+        gemm_case(t)
+    sys.exit(0)
+print(f"{'tokens':>6} " + " ".join(f"{v:>8}" for v in CHAIN) + f" {'humming':>8}  vs plain / x humming", flush=True)
 for t in tokens:
     name = f"decode_oc_int4_t{t}"
     case = next((c for c in OP_CASES if c.name == name), None) or _decode_case(t, "int4", e=48, h=7168, inter=2048,
                                                                                 top_k=8)
     problem = build_op_problem(case, "cuda")
     fns, outs = {}, {}
-    for label, env in (("plain", "0"), ("pdl", "1")):
+    for label, env in CHAIN.items():
         prov = DecodeLowbitIndexed()
         with_env(env, lambda prov=prov: prov.prepare(problem))()
         outs[label] = with_env(env, prov.run)().clone()
@@ -57,7 +98,8 @@ for t in tokens:
         hum.prepare(problem)
         fns["humming"] = hum.run
     tm = measure_interleaved(fns, rounds=80)
-    same = "" if torch.equal(outs["plain"], outs["pdl"]) else "!"
-    p, q = tm["plain"].median_us, tm["pdl"].median_us
+    p = tm["plain"].median_us
     h = tm["humming"].median_us if "humming" in tm else float("nan")
-    print(f"{t:>6} {p:9.1f} {q:8.1f}{same} {h:10.1f} {p / q:9.3f} {h / p:11.3f} {h / q:9.3f}", flush=True)
+    cells = " ".join(f"{tm[v].median_us:7.1f}{'' if torch.equal(outs[v], outs['plain']) else '!'}" for v in CHAIN)
+    ratios = " ".join(f"{v} {p / tm[v].median_us:.3f} / {h / tm[v].median_us:.3f}" for v in CHAIN)
+    print(f"{t:>6} {cells} {h:8.1f}  {ratios}", flush=True)
