@@ -6,13 +6,15 @@ benchmark.
 
 `lowbit.moe_experts(path="indexed")` (routing, gate_up, silu_mul, down, combine) on Kimi K2.x
 EP8 shapes (48 experts, H 7168, I 2048, top-8), captured with ``LOWBIT_PDL=0`` (plain
-launches), with PDL (`lowbit.kernels.pdl`: down streams its first weight steps before its wait)
-and with PDL plus down's whole weight tile prefetched into L2 before that wait, beside Humming's indexed GEMMs in the same composition (the bench's
+launches) and with PDL (`lowbit.kernels.pdl`: down streams its first weight steps before its
+wait), beside Humming's indexed GEMMs in the same composition (the bench's
 ``humming-indexed`` provider), interleaved CUDA-graph replays behind an L2 flush
 (`measure_interleaved`); the lowbit outputs compared bit for bit ("!" marks a difference).
 ``gemm``: each projection's `w4a16_indexed` alone (gate_up, then down; the L2 flush before it
 is its only predecessor), plain against PDL (waiting first): what a lone call pays for the launch
 attribute.
+Twenty-third session, also measured and not kept: down prefetching its whole weight tile into L2
+(``cp.async.bulk.prefetch.L2``) before its wait, 0.93-0.99x plain launches at 1-256 tokens.
 The output-centric path's two kernels waiting first under PDL measured 0.99-1.00x plain
 launches (twenty-third session, INT4 and MXFP8, 1-32 tokens): not kept, so not probed here.
 """
@@ -71,10 +73,8 @@ def with_env(value, fn):
     return call
 
 
-#: the layer's variants: plain launches, PDL, PDL with down's weight tile prefetched into L2
-#: before its wait (``LOWBIT_PDL_L2_PREFETCH=1``)
-CHAIN = {"plain": {ENV: "0"}, "pdl": {ENV: "1", "LOWBIT_PDL_L2_PREFETCH": "0"},
-         "pdl-l2": {ENV: "1", "LOWBIT_PDL_L2_PREFETCH": "1"}}
+#: the layer's variants: plain launches, PDL
+CHAIN = {"plain": {ENV: "0"}, "pdl": {ENV: "1"}}
 
 
 if os.environ.get("PDL_CHAIN") == "gemm":

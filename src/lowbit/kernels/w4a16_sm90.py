@@ -80,7 +80,6 @@ depth in the PTX, no spills).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -1368,24 +1367,6 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
 
 
 @gluon.jit
-def _prefetch_rows_l2(w_ptr, row0, rows, row_words, BW: gl.constexpr, num_warps: gl.constexpr):
-    """Prefetch `rows` (<= BW) consecutive rows of `row_words` int32 words from row `row0` of the
-    ``[E * N, Kp / 8]`` words into L2 (``cp.async.bulk.prefetch.L2``): the BW-row span split
-    evenly over the threads, each clamped to the valid rows (a chunk is a multiple of 16 bytes:
-    a row is Kp / 2 bytes, Kp a multiple of 256)."""
-    THREADS: gl.constexpr = 32 * num_warps
-    l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    t = gl.arange(0, THREADS, layout=l)
-    chunk = BW * row_words * 4 // THREADS  # bytes
-    start = t * chunk
-    size = gl.minimum(gl.maximum(rows * row_words * 4 - start, 0), chunk)
-    ptrs = w_ptr + row0.to(gl.int64) * row_words + start // 4
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; } // $0",
-        "=r,l,r", [ptrs, size], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _k_share(K, SPLIT_K: gl.constexpr):
     """(first K step, steps) of this program's share of K's 256-wide steps (grid axis 2): SPLIT_K
     runs as equal as can be, none empty while SPLIT_K <= steps (`k_split_ok`)."""
@@ -1408,7 +1389,7 @@ def _w4a16_indexed_rs_kernel(
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
     QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr, num_warps: gl.constexpr,
-    SPLIT_K: gl.constexpr = 1, stride_ws=0, PDL: gl.constexpr = 0, L2_PREFETCH: gl.constexpr = False, w_ptr=None,
+    SPLIT_K: gl.constexpr = 1, stride_ws=0, PDL: gl.constexpr = 0,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`; GROUP_LOOP: one group at a
     time, `GROUP_LOOP_MAXNREG`): the routed rows (row
@@ -1427,9 +1408,7 @@ def _w4a16_indexed_rs_kernel(
     `w4a16_indexed`'s reduction kernel.
     PDL (`pdl`): 0 launched without it; 1 wait on the previous kernel first; 2 (register-A main
     loop only) read the routing and TMA the first STAGES weight steps, then wait: the routing
-    must have been written two launches or more before this one. L2_PREFETCH (with PDL 2): before
-    the wait, the program's whole weight tile (its rows' words at `w_ptr`, contiguous) is also
-    prefetched into L2 (`_prefetch_rows_l2`)."""
+    must have been written two launches or more before this one."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
     gl.static_assert(SPLIT_K == 1 or not WARP_SPECIALIZE, "SPLIT_K: the register-A main loop only")
@@ -1444,9 +1423,6 @@ def _w4a16_indexed_rs_kernel(
     if e < 0:  # a block of another rank's expert (EP)
         return
     n0 = pid_n * BW
-    if L2_PREFETCH:
-        gl.static_assert(PDL == 2, "L2_PREFETCH: with PDL=2 (before the wait)")
-        _prefetch_rows_l2(w_ptr, e * N + n0, gl.minimum(N - n0, BW), gl.cdiv(K, 256) * 32, BW, num_warps)
     ids_ptr = sorted_ids_ptr + pid_m * BR
     if SPLIT_K == 1:
         ks = 0
@@ -1943,8 +1919,6 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         extra["maxnreg"] = cap
     if regs_a and pdl:
         extra.update(PDL=1 if extra["WARP_SPECIALIZE"] else pdl, **launch_options(True))
-        if extra["PDL"] == 2 and os.environ.get("LOWBIT_PDL_L2_PREFETCH", "0") == "1":
-            extra.update(L2_PREFETCH=True, w_ptr=w.qweight)
     if split_k > 1:
         extra.update(SPLIT_K=split_k, stride_ws=out.stride(0))
     n_fastest = _n_fastest(br)
