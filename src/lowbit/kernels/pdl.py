@@ -42,9 +42,11 @@ ENV = "LOWBIT_PDL"
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether launches on `device` use PDL: a CUDA GPU of compute capability 9.0 or newer, the
-    interpreter off, and ``LOWBIT_PDL`` not ``0`` (read at every launch)."""
-    if interpreter_active() or device.type != "cuda" or os.environ.get(ENV, "1") == "0":
+    """Whether launches on `device` use PDL: an NVIDIA GPU of compute capability 9.0 or newer
+    (not ROCm, whose devices are "cuda" to torch too), the interpreter off, and ``LOWBIT_PDL``
+    not ``0`` (read at every launch)."""
+    if (interpreter_active() or device.type != "cuda" or torch.version.hip is not None
+            or os.environ.get(ENV, "1") == "0"):
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
