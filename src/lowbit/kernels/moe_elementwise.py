@@ -44,25 +44,33 @@ def _silu_mul_kernel(gu_ptr, out_ptr, I, stride_g, stride_o, BLOCK_I: tl.constex
 
 @triton.jit
 def _combine_topk_kernel(y_ptr, ids_ptr, w_ptr, out_ptr, N, TOP_K, E, stride_y, stride_o,
-                         BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                         BLOCK_N: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr = False):
     if PDL:  # as `_silu_mul_kernel`
         release_next()
         wait_prior()
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for j in range(TOP_K):
-        route = t * TOP_K + j
-        e = tl.load(ids_ptr + route)
-        if (e >= 0) & (e < E):  # a dropped slot's row was never written
-            w = tl.load(w_ptr + route)
-            acc += w * tl.load(y_ptr + route * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+    # all k rows in one [K_PAD, BLOCK_N] load: at decode the layer waits on this kernel, and k
+    # dependent id -> row round trips (a loop with a branch a slot) cost microseconds
+    j = tl.arange(0, K_PAD)
+    route = t * TOP_K + j
+    e = tl.load(ids_ptr + route, mask=j < TOP_K, other=-1)
+    live = (e >= 0) & (e < E)  # a dropped slot's row was never written: masked, not read
+    w = tl.load(w_ptr + route, mask=live, other=0.0)
+    y = tl.load(y_ptr + route[:, None] * stride_y + cols[None, :], mask=live[:, None] & ok[None, :], other=0.0)
+    acc = tl.sum(w[:, None] * y.to(tl.float32), axis=0)
     tl.store(out_ptr + t * stride_o + cols, numerics.to_bf16(acc), mask=ok)
 
 
 def _block(n: int) -> int:
     return min(BLOCK, max(16, triton.next_power_of_2(n)))
+
+
+def _combine_block(n: int, k_pad: int) -> int:
+    """`combine_topk`'s column block: its ``[k_pad, block]`` tile stays within 8 x `BLOCK`
+    elements (64 FP32 values a thread at 4 warps)."""
+    return min(_block(n), max(16, 8 * BLOCK // k_pad))
 
 
 def _out_rows(out: torch.Tensor | None, rows: int, cols: int, device: torch.device, what: str) -> torch.Tensor:
@@ -125,10 +133,11 @@ def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     n = y.shape[1]
     out = _out_rows(out, t, n, y.device, "N")
     if t and n:
-        b = _block(n)
+        k_pad = triton.next_power_of_2(k)
+        b = _combine_block(n, k_pad)
         pdl = pdl_enabled(y.device)
         _combine_topk_kernel[(t, triton.cdiv(n, b))](y, topk_ids, topk_weights, out, n, k, num_experts, y.stride(0),
-                                                     out.stride(0), BLOCK_N=b, PDL=pdl, num_warps=4,
+                                                     out.stride(0), BLOCK_N=b, K_PAD=k_pad, PDL=pdl, num_warps=4,
                                                      **launch_options(pdl))
     return out
 
@@ -147,7 +156,7 @@ def compile_configs():
         KernelConfig(f"moe_combine_topk[H=7168,PDL={int(pdl)}]", _combine_topk_kernel,
                      {"y_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32",
                       "TOP_K": "i32", "E": "i32", "stride_y": "i32", "stride_o": "i32", "BLOCK_N": "constexpr",
-                      "PDL": "constexpr"},
-                     {"BLOCK_N": _block(7168), "PDL": pdl}, num_warps=4, unaligned=("TOP_K", "E"),
+                      "K_PAD": "constexpr", "PDL": "constexpr"},
+                     {"BLOCK_N": _combine_block(7168, 8), "K_PAD": 8, "PDL": pdl}, num_warps=4, unaligned=("TOP_K", "E"),
                      expect_ptx=pdl_ptx if pdl else ()),
     )]
