@@ -78,8 +78,12 @@ def with_env(value, fn):
     return call
 
 
-#: the layer's variants: plain launches, PDL
+#: the layer's variants: plain launches, PDL; ``PDL_CHAIN_EXTRA="name:VAR=value,VAR=value;..."``
+#: adds PDL variants under other environment overrides (e.g. a tile knob of `docs/tuning.md`)
 CHAIN = {"plain": {ENV: "0"}, "pdl": {ENV: "1"}}
+for spec in filter(None, os.environ.get("PDL_CHAIN_EXTRA", "").split(";")):
+    label, assigns = spec.split(":", 1)
+    CHAIN[label] = {ENV: "1", **dict(a.split("=", 1) for a in assigns.split(","))}
 
 
 def parts_case(t):
