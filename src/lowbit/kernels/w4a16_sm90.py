@@ -667,16 +667,14 @@ def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR:
 
     if nk is None:
         nk = gl.cdiv(K, 256)
+    for i in gl.static_range(STAGES):
+        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
+        if not PDL_WAIT:
+            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
     if PDL_WAIT:  # the weights are constant: they travel while the previous kernel finishes
-        for i in gl.static_range(STAGES):
-            _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
         gl_wait_prior()
         gl_release_next()
         for i in gl.static_range(STAGES):
-            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
-    else:
-        for i in gl.static_range(STAGES):
-            _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
             _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
     if GATHER:
         async_copy.wait_group(STAGES - 1)
