@@ -98,6 +98,8 @@ def test_indexed_invariants(case, gen, device):
         assert experts.numel() == 1
         assert expert_ids[b] == emap[experts[0]]
     assert (expert_ids[ntpp // block:] == -1).all()
+    # so the indexed kernels' grid (`live_block_bound` row blocks) covers every live block
+    assert ntpp // block <= routing.live_block_bound(expert_ids.numel(), n)
     # padding per expert < block
     counts = torch.bincount(flat[valid_routes].long(), minlength=e)
     assert ntpp == int(((counts + block - 1) // block * block).sum())

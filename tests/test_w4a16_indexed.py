@@ -85,6 +85,34 @@ def test_remote_experts_and_dropped_routes_leave_rows_untouched(gen, device):
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out")
 
 
+@pytest.mark.parametrize("block", [16, 32])
+def test_every_route_on_its_own_expert(block, gen, device):
+    """As many live blocks as routes (each route alone on its expert: one-token decode): the
+    grid's row blocks (`routing.live_block_bound`) are all live, none to spare, over a buffer
+    over-allocated for 12 experts; and the bound itself."""
+    wq = INT4.quantize(torch.randn(12, 40, 256, generator=gen) * 0.05)
+    pw = pack_w4a16(wq).to(device)
+    a = torch.randn(2, 256, generator=gen).to(torch.bfloat16).to(device)
+    ids = torch.randperm(12, generator=gen)[:6].view(2, 3).to(torch.int32).to(device)
+    out, ref = _check(a, wq, pw, ids, block, 3, device)
+    assert_close(out.float(), ref, "bf16_out")
+    assert routing.live_block_bound(routing.max_num_tokens_padded(6, 12, block) // block, 6) == 6
+    assert routing.live_block_bound(5, 64) == 5 and routing.live_block_bound(5, 0) == 1
+
+
+def test_reference_refuses_a_block_with_no_route(gen):
+    """The layout contract the kernels' grid relies on: a block before num_tokens_post_padded
+    that holds no route (an expert given a block without routes) is refused, not computed."""
+    wq = INT4.quantize(torch.randn(4, 32, 256, generator=gen) * 0.05)
+    a = torch.randn(2, 256, generator=gen).to(torch.bfloat16)
+    r = routing.moe_align_block_size(torch.tensor([[1], [3]], dtype=torch.int32), 4, 4)
+    sentinel = torch.full((4,), 2, dtype=torch.int32)
+    sorted_ids = torch.cat([sentinel, r.sorted_token_ids])
+    expert_ids = torch.cat([torch.zeros(1, dtype=torch.int32), r.expert_ids])
+    with pytest.raises(ValueError, match="holds no route"):
+        reference.w4a16_indexed_ref(a, wq, sorted_ids, expert_ids, r.num_tokens_post_padded + 4, 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block,engine", [(b, "gluon") for b in BLOCKS]
                          + [(b, "gluon_rs") for b in sorted({t[1] for t in INDEXED_RS_TILES})]

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..formats.w4a16 import W4A16Weight
 from . import numerics
+from ..routing.layouts import live_block_bound
 from .pdl import pdl_enabled
 from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import (
@@ -400,6 +401,10 @@ def w4a16_indexed(
     epilogue; out optional ``bf16 [M * top_k, N]`` (rows of unrouted/remote routes are left as
     they were). Returns ``out``.
 
+    Every block before ``num_tokens_post_padded`` must hold a route (`IndexedRouting`: an
+    expert with no route has no block): the grid has ``min(P / B, M * top_k)`` row blocks
+    (`lowbit.routing.live_block_bound`), not one a block of the over-allocated buffer.
+
     On sm_90 the register-A kernels launch with programmatic dependent launch (`pdl`; off with
     ``LOWBIT_PDL=0``): they start while the previous kernel on the stream finishes and wait for
     it before reading anything. ``routing_ready=True`` promises that the routing tensors were
@@ -446,7 +451,7 @@ def w4a16_indexed(
     split = config.split_k
     # split-K: FP32 shares in a workspace, summed (in a fixed order) by a second kernel
     dst = out if split == 1 else torch.empty(split, num_routes, w.n, dtype=torch.float32, device=a.device)
-    _w4a16_indexed_kernel[(expert_ids.numel(), n_tiles, split)](
+    _w4a16_indexed_kernel[(live_block_bound(expert_ids.numel(), num_routes), n_tiles, split)](
         a, w.qweight, w.scales, dst, sorted_ids, expert_ids, num_tokens_post_padded,
         topk_weights if topk_weights is not None else a,
         w.n, w.k, num_routes, top_k,
@@ -500,7 +505,7 @@ def _rs_splits(engine: str, tile: tuple, k: int, split: int) -> bool:
 def _splitk_reduce(ws, out, sorted_ids, expert_ids, ntpp, block_m: int, block_n: int) -> None:
     """``out[id] = bf16(sum_s ws[s, id])`` for the routed rows of the FP32 shares ``ws [S, rows, N]``."""
     n = out.shape[1]
-    _w4a16_indexed_splitk_reduce_kernel[(expert_ids.numel(), triton.cdiv(n, block_n))](
+    _w4a16_indexed_splitk_reduce_kernel[(live_block_bound(expert_ids.numel(), out.shape[0]), triton.cdiv(n, block_n))](
         ws, out, sorted_ids, expert_ids, ntpp, n, out.shape[0], ws.stride(0), ws.stride(1), out.stride(0),
         BM=block_m, BN=block_n, SPLIT_K=ws.shape[0], num_warps=4,
     )

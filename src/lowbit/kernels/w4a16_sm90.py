@@ -95,6 +95,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..routing.layouts import live_block_bound
 from .pdl import gl_release_next, gl_wait_prior, launch_options
 from .sm90 import H200_NUM_SMS
 from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_subnormal_ptx,
@@ -1903,9 +1904,10 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         raise ValueError(f"split_k={split_k}: the register-A (not warp-specialized) kernel splits K, into "
                          f"non-empty shares of K={w.k}'s {triton.cdiv(w.k, 256)} steps; tile {tile}")
     w_desc, s_desc = _weight_descs(w, bw)
+    blocks = live_block_bound(expert_ids.numel(), a.shape[0] * top_k)  # no program for the over-allocation
     if regs_a and runs_nloop(tile, w.k):
         chunks = triton.cdiv(triton.cdiv(w.n, bw), NLOOP_N_TILES)
-        _w4a16_indexed_nloop_kernel[(expert_ids.numel() * chunks,)](
+        _w4a16_indexed_nloop_kernel[(blocks * chunks,)](
             a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
             w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
             BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, X_LAYOUT=_gather_layout(br, warps),
@@ -1920,7 +1922,7 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     if split_k > 1:
         extra.update(SPLIT_K=split_k, stride_ws=out.stride(0))
     n_fastest = _n_fastest(br)
-    grid = _grid(expert_ids.numel(), triton.cdiv(w.n, bw), n_fastest)
+    grid = _grid(blocks, triton.cdiv(w.n, bw), n_fastest)
     if split_k > 1:  # the K shares on axis 2
         grid = (*grid, split_k) if len(grid) == 2 else (*grid, 1, split_k)
     kernel[grid](

@@ -61,6 +61,9 @@ def w4a16_indexed_ref(
         for block b < num_tokens_post_padded / block_size with e = expert_ids[b] >= 0:
             for id in sorted_token_ids[block b] with id < M * top_k:
                 out[id] = a[id // top_k] @ W[e]^T  (* topk_weights.flatten()[id] if given)
+
+    Every block before ``num_tokens_post_padded`` must hold a route (ValueError otherwise): the
+    kernels launch no program past the route count (`lowbit.routing.live_block_bound`).
     """
     m = a.shape[0]
     num_routes = m * top_k
@@ -68,6 +71,10 @@ def w4a16_indexed_ref(
     used = int(num_tokens_post_padded.item())
     ids = sorted_token_ids[:used].long()
     experts = expert_ids[: used // block].long().repeat_interleave(block)
+    empty = ((ids >= num_routes).view(-1, block).all(dim=1)).nonzero().flatten()
+    if empty.numel():  # the kernels launch `routing.live_block_bound` programs: their grid relies on it
+        raise ValueError(f"block {empty[0].item()} before num_tokens_post_padded holds no route: an expert with no "
+                         "route must have no block (moe_align_block_size's layout)")
     valid = (ids < num_routes) & (experts >= 0)
     ids, experts = ids[valid], experts[valid]
     out = torch.zeros(num_routes, _out_features(w), dtype=torch.float32, device=a.device)

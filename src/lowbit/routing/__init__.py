@@ -23,6 +23,7 @@ from .layouts import (
     MaskedRouting,
     check_expert_map,
     check_topk_ids,
+    live_block_bound,
     max_contiguous_rows,
     max_num_tokens_padded,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "gather_rows",
     "combine_routes",
     "max_num_tokens_padded",
+    "live_block_bound",
     "max_contiguous_rows",
     "CONTIGUOUS_ALIGNMENT",
 ]
