@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from ..formats.w4a16 import W4A16Weight
-from . import numerics
 from ..routing.layouts import live_block_bound
+from . import numerics
 from .pdl import pdl_enabled
 from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import (
