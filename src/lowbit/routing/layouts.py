@@ -53,9 +53,9 @@ def live_block_bound(num_blocks: int, num_routes: int) -> int:
     count and exits, thousands of them at decode (H200, twenty-fourth session,
     `scripts/probes/live_blocks.py ab`, the bench's draws: one token gate_up + down 74.0 ->
     69.5 us; from four tokens on, where the bound is the allocated count or near it, 1.00x).
-    A loop over the
-    blocks inside the kernels, which would not need the contract, raised the register-A tiles'
-    registers (the one-token tile 113 -> 153: a CTA an SM fewer; compile tier)."""
+    A loop over the blocks inside the kernels, which would not need the contract, raised the
+    register-A tiles' registers (the one-token tile 113 -> 153: a CTA an SM fewer; compile
+    tier)."""
     return max(1, min(num_blocks, num_routes))
 
 
