@@ -61,10 +61,9 @@ def _w4a16_indexed_kernel(
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_m * BM >= tl.load(ntpp_ptr):
-        return
-    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    if e < 0:
+    ntpp = tl.load(ntpp_ptr)
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)  # beside the count: one load latency, not two
+    if (pid_m * BM >= ntpp) | (e < 0):  # past the device-side padded count, or another rank's expert (EP)
         return
     rm = pid_m * BM + tl.arange(0, BM)
     ids = tl.load(sorted_ids_ptr + rm)

@@ -339,6 +339,18 @@ def _tile_ids(N, BW: gl.constexpr, N_FASTEST: gl.constexpr):
 
 
 @gluon.jit
+def _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW: gl.constexpr, BR: gl.constexpr, N_FASTEST: gl.constexpr):
+    """(row block, N tile, expert, runs) of an indexed program (`_tile_ids`); `runs` is False
+    past the device-side padded count and on another rank's expert (``-1``, EP). The count and
+    the expert id are loaded side by side and tested once: one global-load latency before the
+    first TMA instead of two (the test on the count used to sit between the loads, SASS)."""
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
+    ntpp = gl.load(ntpp_ptr)
+    e = gl.load(expert_ids_ptr + pid_m)  # in bounds: the grid has at most the buffer's blocks
+    return pid_m, pid_n, e, (pid_m * BR < ntpp) & (e >= 0)
+
+
+@gluon.jit
 def _grouped_rows(route_ptr, pid_r, row_slots, max_m, BR: gl.constexpr, MASKED: gl.constexpr):
     """The row blocks of program row `pid_r` in a grouped layout, as a loop: its expert, the
     first row of the expert's slab (base), ``range(first, stop, step)`` over the block starts
@@ -1276,11 +1288,8 @@ def _w4a16_indexed_sm90_kernel(
     (row ``id // top_k`` of route ``id``) are loaded into registers one step ahead and stored
     into the free buffer set once the previous step's products retire; output row ``id``."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
-    if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
-        return
-    e = gl.load(expert_ids_ptr + pid_m)
-    if e < 0:  # a block of another rank's expert (EP)
+    pid_m, pid_n, e, runs = _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW, BR, N_FASTEST)
+    if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     n0 = pid_n * BW
 
@@ -1337,13 +1346,14 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
                       QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
-                      PDL_WAIT: gl.constexpr = False):
+                      PDL_WAIT: gl.constexpr = False, rows=None):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
     the first three quarters of them multiplied (`WS_TAIL_TILES`). `ks`, `nk`: a K share
     (`_k_share`; register-A main loop only), stored in FP32 to `c_ptr`. PDL_WAIT (register-A main
-    loop only): `_rs_rings`'."""
+    loop only): `_rs_rings`'. `rows`: the register-A main loop's ``(row_ok, a_rows)``
+    (`_gathered_rows`) when the caller loaded them already."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR // 2 if QUARTER else BR, 16])
     wrow = e * N + n0
@@ -1359,7 +1369,10 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True, a_ptr, ids_ptr, 0,
                            num_routes, top_k, stride_am, X_LAYOUT)[0]
     else:
-        row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
+        if rows is None:
+            row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
+        else:
+            row_ok, a_rows = rows
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
                            X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
@@ -1415,14 +1428,20 @@ def _w4a16_indexed_rs_kernel(
     if PDL == 1:
         gl_wait_prior()
         gl_release_next()
-    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
-    if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
-        return
-    e = gl.load(expert_ids_ptr + pid_m)
-    if e < 0:  # a block of another rank's expert (EP)
+    pid_m, pid_n, e, runs = _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW, BR, N_FASTEST)
+    ids_ptr = sorted_ids_ptr + pid_m * BR
+    EARLY_ROWS: gl.constexpr = not (WARP_SPECIALIZE or HALF_TAIL or QUARTER_TAIL)
+    if EARLY_ROWS:  # the block's ids travel beside the count and the expert id, not after them
+        rows_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, X_LAYOUT))
+        row_ok, a_rows = _routed_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, rows_l)
+        # a live block holds a route (`IndexedRouting`); testing it keeps the load above the exit
+        runs = runs & (gl.max(row_ok.to(gl.int32), axis=0) > 0)
+        rows = (row_ok[None, :, None], a_rows[None, :, None])
+    else:
+        rows = None
+    if not runs:  # past the padded count, another rank's expert (EP), or no route
         return
     n0 = pid_n * BW
-    ids_ptr = sorted_ids_ptr + pid_m * BR
     if SPLIT_K == 1:
         ks = 0
         nk = None  # all of K
@@ -1448,7 +1467,7 @@ def _w4a16_indexed_rs_kernel(
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2, rows=rows)
 
 
 @gluon.jit
@@ -1470,10 +1489,9 @@ def _w4a16_indexed_nloop_kernel(
     chunks = gl.cdiv(nt, N_TILES)
     pid_m = gl.program_id(0) // chunks
     t0 = (gl.program_id(0) % chunks) * N_TILES
-    if pid_m * BR >= gl.load(ntpp_ptr):  # past the device-side padded count
-        return
-    e = gl.load(expert_ids_ptr + pid_m)
-    if e < 0:  # a block of another rank's expert (EP)
+    ntpp = gl.load(ntpp_ptr)
+    e = gl.load(expert_ids_ptr + pid_m)  # beside the count: one load latency before the TMA, not two
+    if (pid_m * BR >= ntpp) | (e < 0):  # past the device-side padded count, or another rank's expert (EP)
         return
     count = gl.minimum(nt - t0, N_TILES)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],

@@ -1,0 +1,115 @@
+"""The indexed register-A kernel's prologue: routing loads side by side or one after another
+(a probe, not a benchmark).
+
+    python scripts/probes/prologue.py [gemm] [layer]
+
+The kernel (`w4a16_sm90._indexed_tile` and the early rows of `_w4a16_indexed_rs_kernel`)
+loads the padded count, the block's expert id and its sorted ids together and tests them once;
+the "serial" variant (`variants.py` text edits) restores the order before the twenty-fifth
+session: the count, its exit test, the expert id, its exit test, then the ids (SASS: three
+dependent global loads before the first TMA and the gather, against one).
+
+gemm   the bench's own draws (``ep8_indexed_t1`` .. ``t50``) and a two-token draw, each
+       projection's `w4a16_indexed` alone with its heuristics' tile.
+layer  `lowbit.moe_experts(path="indexed")` (PDL chain) at 1-32 tokens.
+
+Kimi EP8 (48 experts, H 7168, I 2048, top-8), one process, interleaved CUDA-graph replays behind
+an L2 flush (`measure_interleaved`); outputs compared bit for bit ("!" marks a difference)."""
+import contextlib
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import variants as v
+
+from lowbit import moe_experts, routing
+from lowbit.bench.cases import build_problem, make_weight, select_cases
+from lowbit.bench.timing import measure_interleaved
+from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.kernels import w4a16_sm90 as base
+from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+
+SERIAL = [
+    ("""    ntpp = gl.load(ntpp_ptr)
+    e = gl.load(expert_ids_ptr + pid_m)  # in bounds: the grid has at most the buffer's blocks
+""", """    ntpp = gl.load(ntpp_ptr)
+    e = -1
+    if pid_m * BR < ntpp:
+        e = gl.load(expert_ids_ptr + pid_m)
+"""),
+    ("    EARLY_ROWS: gl.constexpr = not (WARP_SPECIALIZE or HALF_TAIL or QUARTER_TAIL)",
+     "    EARLY_ROWS: gl.constexpr = False"),
+]
+MODS = {"kernel": base, "serial": v.variant("serial", SERIAL)}
+KEY = "lowbit.kernels.w4a16_sm90"
+E, H, I = 48, 7168, 2048
+
+
+@contextlib.contextmanager
+def using(mod):
+    saved = sys.modules[KEY]
+    sys.modules[KEY] = mod
+    try:
+        yield
+    finally:
+        sys.modules[KEY] = saved
+
+
+def compare(label: str, call, out: torch.Tensor) -> None:
+    outs = {n: out.clone() for n in MODS}
+    fns = {}
+    for name, mod in MODS.items():
+        def fn(mod=mod, o=outs[name]):
+            with using(mod):
+                call(o)
+        fns[name] = fn
+    t = measure_interleaved(fns, rounds=80)
+    torch.cuda.synchronize()
+    k, s = t["kernel"].median_us, t["serial"].median_us
+    same = torch.equal(outs["kernel"].nan_to_num(), outs["serial"].nan_to_num())
+    print(f"{label:34} serial {s:7.1f}  kernel {k:7.1f}  serial/kernel {s / k:.3f}{'' if same else ' !'}", flush=True)
+
+
+def gemm() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    draws = []
+    for name in ("ep8_indexed_t1", "ep8_indexed_t4", "ep8_indexed_t8", "ep8_indexed_t16", "ep8_indexed_t20",
+                 "ep8_indexed_t32", "ep8_indexed_t50"):
+        case = select_cases([name])[0]
+        for proj in ("gate_up", "down"):
+            p = build_problem(case, proj, "cuda")
+            draws.append((f"{name} {proj}", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32)))
+    ids2 = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(2)]).to(torch.int32)
+    for proj, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
+        rows = 2 if proj == "gate_up" else 16
+        a = torch.randn(rows, k, generator=gen, device="cuda").to(torch.bfloat16)
+        draws.append((f"two tokens {proj}", a, pack_w4a16(make_weight(E, n, k, "cuda")), ids2))
+    for label, a, w, ids in draws:
+        top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1
+        cfg = w4a16_indexed_config(ids.numel(), w.num_experts, w.n, w.k, gluon=True)
+        r = routing.moe_align_block_size(ids, cfg.block_m, w.num_experts)
+        out = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        compare(f"{label} {cfg.block_n}x{cfg.block_m}",
+                lambda o, a=a, w=w, r=r, top_k=top_k, cfg=cfg: w4a16_indexed(
+                    a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, out=o, config=cfg),
+                out)
+
+
+def layer() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w13 = pack_w4a16(make_weight(E, 2 * I, H, "cuda"))
+    w2 = pack_w4a16(make_weight(E, H, I, "cuda"))
+    for t in (1, 2, 4, 8, 16, 32):
+        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+        wts = torch.rand(t, 8, generator=gen, device="cuda")
+        x = torch.randn(t, H, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+        compare(f"moe_experts indexed {t} tokens",
+                lambda o, x=x, ids=ids, wts=wts: moe_experts(x, ids, wts, w13, w2, out=o, path="indexed"), out)
+
+
+if __name__ == "__main__":
+    for mode in sys.argv[1:] or ["gemm", "layer"]:
+        {"gemm": gemm, "layer": layer}[mode]()
