@@ -53,7 +53,9 @@ TILED_WEIGHTS = [
 
 
 def _absolute_imports(src: str) -> str:
-    """Every ``from .x import`` (module level or inside a function) as ``from lowbit.kernels.x``."""
+    """Every ``from .x import`` (module level or inside a function) as ``from lowbit.kernels.x``,
+    every ``from ..x`` as ``from lowbit.x``."""
+    src = re.sub(r"^(\s*)from \.\.([\w.]+) import", r"\1from lowbit.\2 import", src, flags=re.M)
     return re.sub(r"^(\s*)from \.(\w+) import", r"\1from lowbit.kernels.\2 import", src, flags=re.M)
 
 
