@@ -1346,14 +1346,13 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
                       QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
-                      PDL_WAIT: gl.constexpr = False, rows=None):
+                      PDL_WAIT: gl.constexpr = False):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
     the first three quarters of them multiplied (`WS_TAIL_TILES`). `ks`, `nk`: a K share
     (`_k_share`; register-A main loop only), stored in FP32 to `c_ptr`. PDL_WAIT (register-A main
-    loop only): `_rs_rings`'. `rows`: the register-A main loop's ``(row_ok, a_rows)``
-    (`_gathered_rows`) when the caller loaded them already."""
+    loop only): `_rs_rings`'."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR // 2 if QUARTER else BR, 16])
     wrow = e * N + n0
@@ -1369,10 +1368,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
         acc = _ws_mainloop(w_desc, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True, a_ptr, ids_ptr, 0,
                            num_routes, top_k, stride_am, X_LAYOUT)[0]
     else:
-        if rows is None:
-            row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
-        else:
-            row_ok, a_rows = rows
+        row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
                            X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
@@ -1429,19 +1425,10 @@ def _w4a16_indexed_rs_kernel(
         gl_wait_prior()
         gl_release_next()
     pid_m, pid_n, e, runs = _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW, BR, N_FASTEST)
-    ids_ptr = sorted_ids_ptr + pid_m * BR
-    EARLY_ROWS: gl.constexpr = not (WARP_SPECIALIZE or HALF_TAIL or QUARTER_TAIL)
-    if EARLY_ROWS:  # the block's ids travel beside the count and the expert id, not after them
-        rows_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, X_LAYOUT))
-        row_ok, a_rows = _routed_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, rows_l)
-        # a live block holds a route (`IndexedRouting`); testing it keeps the load above the exit
-        runs = runs & (gl.max(row_ok.to(gl.int32), axis=0) > 0)
-        rows = (row_ok[None, :, None], a_rows[None, :, None])
-    else:
-        rows = None
-    if not runs:  # past the padded count, another rank's expert (EP), or no route
+    if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     n0 = pid_n * BW
+    ids_ptr = sorted_ids_ptr + pid_m * BR
     if SPLIT_K == 1:
         ks = 0
         nk = None  # all of K
@@ -1467,7 +1454,7 @@ def _w4a16_indexed_rs_kernel(
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2, rows=rows)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2)
 
 
 @gluon.jit
