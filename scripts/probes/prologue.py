@@ -21,7 +21,6 @@ and down; 64x8 tiles), 0.99-1.01 from four tokens on and in the layer. Also meas
 not kept: the block's sorted ids loaded before the exit test too (the activation gather one
 latency earlier): one-token gate_up 1.015x more, but the 128x16 down at 32-50 tokens 0.986-0.991x
 and the layer at 8 tokens 0.988x."""
-import contextlib
 import os
 import sys
 
@@ -46,18 +45,7 @@ SERIAL = [("""    ntpp = gl.load(ntpp_ptr)
 """)]
 NAMES = ["serial"]
 MODS = {"kernel": base, "serial": v.variant("serial", SERIAL)}
-KEY = "lowbit.kernels.w4a16_sm90"
 E, H, I = 48, 7168, 2048
-
-
-@contextlib.contextmanager
-def using(mod):
-    saved = sys.modules[KEY]
-    sys.modules[KEY] = mod
-    try:
-        yield
-    finally:
-        sys.modules[KEY] = saved
 
 
 def compare(label: str, call, out: torch.Tensor) -> None:
@@ -65,7 +53,7 @@ def compare(label: str, call, out: torch.Tensor) -> None:
     fns = {}
     for name, mod in MODS.items():
         def fn(mod=mod, o=outs[name]):
-            with using(mod):
+            with v.using(mod):
                 call(o)
         fns[name] = fn
     t = measure_interleaved(fns, rounds=80)

@@ -25,7 +25,6 @@ dequantization the one-warpgroup 128x32 / 128x64 tiles ran 1.23-1.33x faster, th
 1.12x. That led to `int4_dequant`'s subnormal form, measured here first as a variant of the
 group loop (its edits are gone with the change): 1.02-1.08x, bit-identical.
 """
-import contextlib
 import os
 import sys
 
@@ -55,19 +54,8 @@ EDITS = {"chain": CHAIN, "nodeq": NODEQ, "nogather": [v.NO_GATHER], "noacts": v.
          "nodeq_nogather": NODEQ + [v.NO_GATHER], "nodeq_noacts": NODEQ + v.NO_ACT_LOADS}
 NAMES = os.environ.get("VARIANT_CASES", "chain").split(",")
 MODS = {"kernel": base, **{n: v.variant(n, EDITS[n]) for n in NAMES}}
-KEY = "lowbit.kernels.w4a16_sm90"
 gen = torch.Generator(device="cuda").manual_seed(29)
 which = sys.argv[1:] or ["indexed", "grouped"]
-
-
-@contextlib.contextmanager
-def using(mod):
-    saved = sys.modules[KEY]
-    sys.modules[KEY] = mod
-    try:
-        yield
-    finally:
-        sys.modules[KEY] = saved
 
 
 def compare(label, make_call, out, nbytes, valid=None):
@@ -78,7 +66,7 @@ def compare(label, make_call, out, nbytes, valid=None):
         outs[name] = o
 
         def fn(mod=mod, o=o):
-            with using(mod):
+            with v.using(mod):
                 make_call(o)
         fns[name] = fn
     t = measure_interleaved(fns)

@@ -2,6 +2,7 @@
 temporary folder: the probes' way to ask "how fast would this kernel be without X" without
 adding switches to the library. Each edit must match once, so a probe fails loudly when the
 kernel source moves on."""
+import contextlib
 import importlib.util
 import os
 import re
@@ -75,3 +76,16 @@ def variant(name: str, edits: list[tuple[str, str]], base: str | None = None):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@contextlib.contextmanager
+def using(mod):
+    """Run the block with `mod` (a `variant`) in place of `w4a16_sm90` in ``sys.modules``: the
+    launchers (`w4a16_indexed`, `w4a16_grouped`) import it when called, so they launch its kernels."""
+    key = _orig.__name__
+    saved = sys.modules[key]
+    sys.modules[key] = mod
+    try:
+        yield
+    finally:
+        sys.modules[key] = saved
