@@ -3,7 +3,7 @@ by side or one after the other (a probe, not a benchmark).
 
     python scripts/probes/prologue.py [gemm] [layer]
 
-The kernels (`w4a16_sm90._indexed_tile`) load the count and the block's expert id together and
+The kernels (`w4a16_sm90._block_expert`) load the count and the block's expert id together and
 test them once; the "serial" variant (`variants.py` text edit) restores the order before the
 twenty-fifth session: the count, its exit test, then the expert id (SASS: two dependent global
 loads before the first weight TMA, against one). ``x`` = variant time / kernel time (> 1: the

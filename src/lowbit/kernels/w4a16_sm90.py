@@ -339,15 +339,14 @@ def _tile_ids(N, BW: gl.constexpr, N_FASTEST: gl.constexpr):
 
 
 @gluon.jit
-def _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW: gl.constexpr, BR: gl.constexpr, N_FASTEST: gl.constexpr):
-    """(row block, N tile, expert, runs) of an indexed program (`_tile_ids`); `runs` is False
-    past the device-side padded count and on another rank's expert (``-1``, EP). The count and
-    the expert id are loaded side by side and tested once: one global-load latency before the
-    first TMA instead of two (the test on the count used to sit between the loads, SASS)."""
-    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
+def _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR: gl.constexpr):
+    """(expert, runs) of indexed routing block `pid_m`; `runs` is False past the device-side
+    padded count and on another rank's expert (``-1``, EP). The count and the expert id are
+    loaded side by side and tested once: one global-load latency before the first TMA instead
+    of two (the test on the count used to sit between the loads, SASS)."""
     ntpp = gl.load(ntpp_ptr)
     e = gl.load(expert_ids_ptr + pid_m)  # in bounds: the grid has at most the buffer's blocks
-    return pid_m, pid_n, e, (pid_m * BR < ntpp) & (e >= 0)
+    return e, (pid_m * BR < ntpp) & (e >= 0)
 
 
 @gluon.jit
@@ -1288,7 +1287,8 @@ def _w4a16_indexed_sm90_kernel(
     (row ``id // top_k`` of route ``id``) are loaded into registers one step ahead and stored
     into the free buffer set once the previous step's products retire; output row ``id``."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    pid_m, pid_n, e, runs = _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW, BR, N_FASTEST)
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     n0 = pid_n * BW
@@ -1424,7 +1424,8 @@ def _w4a16_indexed_rs_kernel(
     if PDL == 1:
         gl_wait_prior()
         gl_release_next()
-    pid_m, pid_n, e, runs = _indexed_tile(ntpp_ptr, expert_ids_ptr, N, BW, BR, N_FASTEST)
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     n0 = pid_n * BW
@@ -1476,9 +1477,8 @@ def _w4a16_indexed_nloop_kernel(
     chunks = gl.cdiv(nt, N_TILES)
     pid_m = gl.program_id(0) // chunks
     t0 = (gl.program_id(0) % chunks) * N_TILES
-    ntpp = gl.load(ntpp_ptr)
-    e = gl.load(expert_ids_ptr + pid_m)  # beside the count: one load latency before the TMA, not two
-    if (pid_m * BR >= ntpp) | (e < 0):  # past the device-side padded count, or another rank's expert (EP)
+    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
+    if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     count = gl.minimum(nt - t0, N_TILES)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
