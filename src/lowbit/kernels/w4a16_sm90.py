@@ -707,14 +707,19 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
                  SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
-                 PDL_WAIT: gl.constexpr = False):
+                 PDL_WAIT: gl.constexpr = False, HALF_ACTS: gl.constexpr = False):
     """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
     whole step's fragments twice (`_rs_steps_mainloop`, which SPLIT_ACC gives two accumulators);
     four-warpgroup tiles (256 weight rows), and with GROUP_LOOP one-warpgroup tiles under a
     register cap (`GROUP_LOOP_MAXNREG`), dequantize one group at a time (`_rs_groups_mainloop`).
     Same arguments and result. `ks`, `nk`: the K share (`_k_share`; default all of K).
-    PDL_WAIT: `_rs_rings`'."""
-    if w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
+    PDL_WAIT: `_rs_rings`'. HALF_ACTS (GATHER, GROUP_LOOP): one step of activations refilled by
+    halves (`_rs_halves_mainloop`, `HALF_ACT_TILES`)."""
+    if HALF_ACTS:
+        gl.static_assert(GATHER and GROUP_LOOP, "HALF_ACTS: the indexed group loop only")
+        acc = _rs_halves_mainloop(a_rows, row_ok, w_desc, s_desc, wrow, srow, n0, K, mma, BR, STAGES, x_l, ks, nk,
+                                  PDL_WAIT)
+    elif w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
                                   GATHER, x_l, ks, nk, PDL_WAIT)
     else:
@@ -840,6 +845,85 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
         _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER,
                    x_l)
     _rs_rings_done(wready, xready, STAGES, GATHER)
+    return acc
+
+
+@gluon.jit
+def _gather_half_async(xh, h: gl.constexpr, a_rows, row_ok, kt, K, x_l: gl.constexpr):
+    """`_gather_async` of half `h` of K step `kt` (groups ``4h .. 4h+3``) into the ``[4, BR, 32]``
+    buffer `xh`, one commit group."""
+    g = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None] + 4 * h
+    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
+    k0 = kt * 256 + g * 32
+    BR: gl.constexpr = xh.shape[1]
+    boxes = xh._reinterpret(xh.dtype, [1, 4 * BR, 32], xh.type.layout).index(0).reshape([4, BR, 32])  # `_stage_boxes`
+    async_copy.async_copy_global_to_shared(boxes, a_rows + (k0 + j), mask=row_ok & (k0 < K))
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _rs_halves_mainloop(a_rows, row_ok, w_desc, s_desc, wrow, srow, n0, K, mma: gl.constexpr, BR: gl.constexpr,
+                        STAGES: gl.constexpr, x_l: gl.constexpr, ks, nk, PDL_WAIT: gl.constexpr = False):
+    """`_rs_groups_mainloop` (one warpgroup, GATHER) with ONE step of activations instead of a
+    STAGES-deep ring, refilled a half step at a time: groups 0-3 of step k+1 are gathered once
+    every warp has retired group 3 of step k, groups 4-7 once the step is done, each waited for
+    half a step later. The 128x64 tile's 100 KB (two 32 KB activation stages) become 68 KB, so
+    three CTAs share an SM instead of two (`HALF_ACT_TILES`)."""
+    dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    # two allocations, not one: Triton's barrier pass then sees that a half's refill and the
+    # other half's wgmmas touch different buffers (one buffer cost three CTA barriers more a step)
+    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
+    xa = gl.allocate_shared_memory(gl.bfloat16, [4, BR, 32], x_sl)
+    xb = gl.allocate_shared_memory(gl.bfloat16, [4, BR, 32], x_sl)
+    wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
+    if nk is None:
+        nk = gl.cdiv(K, 256)
+    for i in gl.static_range(STAGES):
+        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
+    if PDL_WAIT:  # the weights are constant: they travel while the previous kernel finishes
+        gl_wait_prior()
+        gl_release_next()
+    _gather_half_async(xa, 0, a_rows, row_ok, ks, K, x_l)
+    _gather_half_async(xb, 1, a_rows, row_ok, ks, K, x_l)
+    async_copy.wait_group(1)  # step 0's first half (this thread's)
+    fence_async_shared()
+    gl.thread_barrier()  # ... and every thread's
+
+    acc = gl.zeros([BW, BR], gl.float32, mma)
+    for kt in range(nk):
+        s = kt % STAGES
+        mbarrier.wait(wready.index(s), (kt // STAGES) & 1)
+        scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
+        words = wring.index(s).load(dot_a)
+        more = row_ok & (kt + 1 < nk)
+        prev = _dequant_group_regs(words, scales, 0, rows_l)
+        acc = warpgroup_mma(prev, xa.index(0).permute((1, 0)), acc, is_async=True)
+        for g in gl.static_range(1, _GROUPS):
+            w = _dequant_group_regs(words, scales, g, rows_l)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+            if g == 4:  # the second half landed; every warp retired groups 0-3: refill them
+                async_copy.wait_group(0)
+                fence_async_shared()
+                gl.thread_barrier()
+                _gather_half_async(xa, 0, a_rows, more, ks + kt + 1, K, x_l)
+            if g < 4:
+                acc = warpgroup_mma(w, xa.index(g).permute((1, 0)), acc, is_async=True)
+            else:
+                acc = warpgroup_mma(w, xb.index(g - 4).permute((1, 0)), acc, is_async=True)
+            prev = w
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+        async_copy.wait_group(0)  # step k+1's first half
+        fence_async_shared()
+        gl.thread_barrier()  # every warp is done with stage s's words and groups 4-7
+        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + STAGES, wready.index(s), wring, sring, s,
+                      kt + STAGES < nk)
+        _gather_half_async(xb, 1, a_rows, more, ks + kt + 1, K, x_l)
+    async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(wready.index(i))
     return acc
 
 
@@ -1346,7 +1430,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
                       QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
-                      PDL_WAIT: gl.constexpr = False):
+                      PDL_WAIT: gl.constexpr = False, HALF_ACTS: gl.constexpr = False):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
@@ -1370,7 +1454,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
     else:
         row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
-                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT)
+                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT, HALF_ACTS=HALF_ACTS)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
 
 
@@ -1397,7 +1481,7 @@ def _w4a16_indexed_rs_kernel(
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
     QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr, num_warps: gl.constexpr,
-    SPLIT_K: gl.constexpr = 1, stride_ws=0, PDL: gl.constexpr = 0,
+    SPLIT_K: gl.constexpr = 1, stride_ws=0, PDL: gl.constexpr = 0, HALF_ACTS: gl.constexpr = False,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`; GROUP_LOOP: one group at a
     time, `GROUP_LOOP_MAXNREG`): the routed rows (row
@@ -1455,7 +1539,7 @@ def _w4a16_indexed_rs_kernel(
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2, HALF_ACTS=HALF_ACTS)
 
 
 @gluon.jit
@@ -1832,6 +1916,11 @@ HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4), (128, 64, 4, 2))
 WS_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
 
 
+#: Indexed group-loop tiles whose activations are one step refilled by halves (`_rs_halves_mainloop`)
+#: instead of a STAGES-deep ring: 128x64 then fits three CTAs an SM (68 KB, 168 registers).
+HALF_ACT_TILES = ((128, 64, 4, 2),)
+
+
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
     tiles = WS_TAIL_TILES if warp_specialize else HALF_TAIL_TILES
     return tuple(tile) in tiles[family]
@@ -1879,7 +1968,8 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
     return {"X_LAYOUT": _gather_layout(br, gather_warps, group_loop),
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
             "X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop) if half else None,
-            "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"), "GROUP_LOOP": group_loop}
+            "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"), "GROUP_LOOP": group_loop,
+            "HALF_ACTS": group_loop and tuple(tile) in HALF_ACT_TILES}
 
 
 def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:

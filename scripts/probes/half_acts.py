@@ -1,0 +1,92 @@
+"""The indexed 128x64 group-loop tile with one step of activations refilled by halves
+(`w4a16_sm90._rs_halves_mainloop`, 68 KB: three CTAs an SM) against the two-stage activation
+ring it replaced (100 KB: two CTAs an SM) -- a probe, not a benchmark.
+
+    python scripts/probes/half_acts.py [gemm] [layer]
+
+The "ring" variant (`variants.py` text edit) empties `HALF_ACT_TILES`. ``x`` = variant time /
+kernel time (> 1: the kernel is faster).
+
+gemm   Kimi EP8 `w4a16_indexed` with its heuristics' tile at 192-512 tokens (the bench's own
+       ``ep8_indexed_t256`` draw first), gate_up and down.
+layer  `lowbit.moe_experts(path="indexed")` at 256 and 384 tokens.
+
+One process, interleaved CUDA-graph replays behind an L2 flush (`measure_interleaved`);
+outputs compared bit for bit ("!" marks a difference)."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import variants as v
+
+from lowbit import moe_experts, routing
+from lowbit.bench.cases import build_problem, make_weight, select_cases
+from lowbit.bench.timing import measure_interleaved
+from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.kernels import w4a16_sm90 as base
+from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+
+RING = [("HALF_ACT_TILES = ((128, 64, 4, 2),)", "HALF_ACT_TILES = ()")]
+NAMES = ["ring"]
+MODS = {"kernel": base, "ring": v.variant("ring", RING)}
+E, H, I = 48, 7168, 2048
+
+
+def compare(label: str, call, out: torch.Tensor) -> None:
+    outs = {n: out.clone() for n in MODS}
+    fns = {}
+    for name, mod in MODS.items():
+        def fn(mod=mod, o=outs[name]):
+            with v.using(mod):
+                call(o)
+        fns[name] = fn
+    t = measure_interleaved(fns, rounds=60)
+    torch.cuda.synchronize()
+    k = t["kernel"].median_us
+    cells = "  ".join(f"{n} {t[n].median_us:7.1f} x{t[n].median_us / k:.3f}"
+                      f"{'' if torch.equal(outs['kernel'].nan_to_num(), outs[n].nan_to_num()) else ' !'}" for n in NAMES)
+    print(f"{label:40} kernel {k:7.1f}  {cells}", flush=True)
+
+
+def gemm() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    draws = []
+    case = select_cases(["ep8_indexed_t256"])[0]
+    for proj in ("gate_up", "down"):
+        p = build_problem(case, proj, "cuda")
+        draws.append((f"ep8_indexed_t256 {proj}", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32)))
+    for proj, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
+        w = pack_w4a16(make_weight(E, n, k, "cuda"))
+        for t in (192, 384, 512):
+            ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+            a = torch.randn(t if proj == "gate_up" else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
+            draws.append((f"t{t} {proj}", a, w, ids))
+    for label, a, w, ids in draws:
+        top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1
+        cfg = w4a16_indexed_config(ids.numel(), w.num_experts, w.n, w.k, gluon=True)
+        r = routing.moe_align_block_size(ids, cfg.block_m, w.num_experts)
+        out = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        compare(f"{label} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
+                lambda o, a=a, w=w, r=r, top_k=top_k, cfg=cfg: w4a16_indexed(
+                    a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, out=o, config=cfg),
+                out)
+
+
+def layer() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    w13 = pack_w4a16(make_weight(E, 2 * I, H, "cuda"))
+    w2 = pack_w4a16(make_weight(E, H, I, "cuda"))
+    for t in (256, 384):
+        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
+        wts = torch.rand(t, 8, generator=gen, device="cuda")
+        x = torch.randn(t, H, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
+        compare(f"moe_experts indexed {t} tokens",
+                lambda o, x=x, ids=ids, wts=wts: moe_experts(x, ids, wts, w13, w2, out=o, path="indexed"), out)
+
+
+if __name__ == "__main__":
+    for mode in sys.argv[1:] or ["gemm", "layer"]:
+        {"gemm": gemm, "layer": layer}[mode]()
