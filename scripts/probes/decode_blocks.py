@@ -22,7 +22,8 @@ one-warpgroup group loops of 64 and 128 weight rows, and the 16- against the 32-
 32-64 tokens; "big": the 128-row block's four-warpgroup 256x128 against the 64-row block's
 one-warpgroup 128x64 (with its half tail) at EP8 512-1024 tokens and TP8 8192 tokens gate_up;
 "edges": the routing blocks around their tok_e thresholds (32 vs 64 rows at EP8 160-224
-tokens, 64 vs 128 rows at 320-512); "thin": masked 8 / 16 tok/expert on 24 and 12 experts, whose
+tokens, 64 vs 128 rows at 320-512; other token counts with ``EDGES_32_64=128,144`` and
+``EDGES_64_128=576,640``); "thin": masked 8 / 16 tok/expert on 24 and 12 experts, whose
 grids of 128-row programs are under `GROUP_LOOP_MIN_PROGRAMS` (the 64-row tiles against their
 128-row forms); "w256": 256 weight rows on one warpgroup (four m64 wgmmas a group, 168-232
 registers: two CTAs an SM) against the 128-row forms; "two": 256 weight rows as two warpgroups
@@ -183,9 +184,9 @@ if "big" in which:
 
 if "edges" in which:
     VARIANTS = {"w32x2g": V((128, 32, 4, 2)), "w64x2g-t": V((128, 64, 4, 2)), "rs256x128": V((256, 128, 16, 2))}
-    for tok, names in ((160, ("w32x2g", "w64x2g-t")), (192, ("w32x2g", "w64x2g-t")), (224, ("w32x2g", "w64x2g-t")),
-                       (320, ("w64x2g-t", "rs256x128")), (384, ("w64x2g-t", "rs256x128")),
-                       (448, ("w64x2g-t", "rs256x128")), (512, ("w64x2g-t", "rs256x128"))):
+    lo = [int(t) for t in os.environ.get("EDGES_32_64", "160,192,224").split(",")]
+    hi = [int(t) for t in os.environ.get("EDGES_64_128", "320,384,448,512").split(",")]
+    for tok, names in ([(t, ("w32x2g", "w64x2g-t")) for t in lo] + [(t, ("w64x2g-t", "rs256x128")) for t in hi]):
         indexed_case("EP8", E, tok, PROJ, {v: VARIANTS[v] for v in names})
 
 if "thin" in which:

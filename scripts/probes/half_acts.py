@@ -2,14 +2,19 @@
 (`w4a16_sm90._rs_halves_mainloop`, 68 KB: three CTAs an SM) against the two-stage activation
 ring it replaced (100 KB: two CTAs an SM) -- a probe, not a benchmark.
 
-    python scripts/probes/half_acts.py [gemm] [layer]
+    python scripts/probes/half_acts.py [gemm] [masked] [layer]
 
 The "ring" variant (`variants.py` text edit) empties `HALF_ACT_TILES`. ``x`` = variant time /
 kernel time (> 1: the kernel is faster).
 
 gemm   Kimi EP8 `w4a16_indexed` with its heuristics' tile at 192-512 tokens (the bench's own
        ``ep8_indexed_t256`` draw first), gate_up and down.
+masked `lowbit.w4a16_masked` on the bench's ``ep8_masked_16/32``, ``ep16_masked_32``, ``ep32_masked_32``
+       draws (gate_up and down).
 layer  `lowbit.moe_experts(path="indexed")` at 256 and 384 tokens.
+
+"halves32" also refills the 128x32 group-loop tile by halves (52 KB: four CTAs an SM by shared
+memory; 128 registers allow four).
 
 One process, interleaved CUDA-graph replays behind an L2 flush (`measure_interleaved`);
 outputs compared bit for bit ("!" marks a difference)."""
@@ -28,9 +33,12 @@ from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as base
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
 
-RING = [("HALF_ACT_TILES = ((128, 64, 4, 2),)", "HALF_ACT_TILES = ()")]
-NAMES = ["ring"]
-MODS = {"kernel": base, "ring": v.variant("ring", RING)}
+_TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
+RING = [(_TABLE, 'HALF_ACT_TILES = {"indexed": (), "masked": (), "contiguous": ()}')]
+WIDE32 = [(_TABLE, 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2), (128, 32, 4, 2)), '
+                   '"masked": ((128, 64, 4, 2), (128, 32, 4, 2)), "contiguous": ()}')]
+NAMES = ["ring", "halves32"]
+MODS = {"kernel": base, "ring": v.variant("ring", RING), "halves32": v.variant("halves32", WIDE32)}
 E, H, I = 48, 7168, 2048
 
 
@@ -59,7 +67,7 @@ def gemm() -> None:
         draws.append((f"ep8_indexed_t256 {proj}", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32)))
     for proj, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
         w = pack_w4a16(make_weight(E, n, k, "cuda"))
-        for t in (192, 384, 512):
+        for t in (96, 160, 192, 384, 512):
             ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
             a = torch.randn(t if proj == "gate_up" else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
             draws.append((f"t{t} {proj}", a, w, ids))
@@ -72,6 +80,21 @@ def gemm() -> None:
                 lambda o, a=a, w=w, r=r, top_k=top_k, cfg=cfg: w4a16_indexed(
                     a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, out=o, config=cfg),
                 out)
+
+
+def masked() -> None:
+    from lowbit.formats.w4a16 import pack_w4a16_grouped
+    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked, w4a16_grouped_config
+    for name in ("ep8_masked_16", "ep8_masked_32", "ep16_masked_32", "ep32_masked_32"):
+        case = select_cases([name])[0]
+        for proj in ("gate_up", "down"):
+            p = build_problem(case, proj, "cuda")
+            w = pack_w4a16_grouped(p.weight, mode="masked")
+            mm, em = p.masked.masked_m, p.expected_m
+            cfg = w4a16_grouped_config("masked", p.a.shape[0], w.n, w.k, w.num_experts, em, gluon=True)
+            out = torch.full((p.a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            compare(f"{name} {proj} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
+                    lambda o, p=p, w=w, mm=mm, em=em, cfg=cfg: w4a16_masked(p.a, w, mm, em, out=o, config=cfg), out)
 
 
 def layer() -> None:
@@ -88,5 +111,5 @@ def layer() -> None:
 
 
 if __name__ == "__main__":
-    for mode in sys.argv[1:] or ["gemm", "layer"]:
-        {"gemm": gemm, "layer": layer}[mode]()
+    for mode in sys.argv[1:] or ["gemm", "masked", "layer"]:
+        {"gemm": gemm, "masked": masked, "layer": layer}[mode]()

@@ -713,12 +713,12 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
     four-warpgroup tiles (256 weight rows), and with GROUP_LOOP one-warpgroup tiles under a
     register cap (`GROUP_LOOP_MAXNREG`), dequantize one group at a time (`_rs_groups_mainloop`).
     Same arguments and result. `ks`, `nk`: the K share (`_k_share`; default all of K).
-    PDL_WAIT: `_rs_rings`'. HALF_ACTS (GATHER, GROUP_LOOP): one step of activations refilled by
+    PDL_WAIT: `_rs_rings`'. HALF_ACTS (with GROUP_LOOP): one step of activations refilled by
     halves (`_rs_halves_mainloop`, `HALF_ACT_TILES`)."""
     if HALF_ACTS:
-        gl.static_assert(GATHER and GROUP_LOOP, "HALF_ACTS: the indexed group loop only")
-        acc = _rs_halves_mainloop(a_rows, row_ok, w_desc, s_desc, wrow, srow, n0, K, mma, BR, STAGES, x_l, ks, nk,
-                                  PDL_WAIT)
+        gl.static_assert(GROUP_LOOP, "HALF_ACTS: one-warpgroup group-loop tiles only")
+        acc = _rs_halves_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
+                                  GATHER, x_l, ks, nk, PDL_WAIT)
     elif w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
                                   GATHER, x_l, ks, nk, PDL_WAIT)
@@ -849,35 +849,67 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
 
 
 @gluon.jit
-def _gather_half_async(xh, h: gl.constexpr, a_rows, row_ok, kt, K, x_l: gl.constexpr):
-    """`_gather_async` of half `h` of K step `kt` (groups ``4h .. 4h+3``) into the ``[4, BR, 32]``
-    buffer `xh`, one commit group."""
-    g = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None] + 4 * h
-    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
-    k0 = kt * 256 + g * 32
+def _half_boxes(xh):
+    """A ``[4, BR, 32]`` half-step activation buffer as the one 3-D view a copy op fills
+    (`_stage_boxes`' stacking)."""
     BR: gl.constexpr = xh.shape[1]
-    boxes = xh._reinterpret(xh.dtype, [1, 4 * BR, 32], xh.type.layout).index(0).reshape([4, BR, 32])  # `_stage_boxes`
-    async_copy.async_copy_global_to_shared(boxes, a_rows + (k0 + j), mask=row_ok & (k0 < K))
-    async_copy.commit_group()
+    return xh._reinterpret(xh.dtype, [1, 4 * BR, 32], xh.type.layout).index(0).reshape([4, BR, 32])
 
 
 @gluon.jit
-def _rs_halves_mainloop(a_rows, row_ok, w_desc, s_desc, wrow, srow, n0, K, mma: gl.constexpr, BR: gl.constexpr,
-                        STAGES: gl.constexpr, x_l: gl.constexpr, ks, nk, PDL_WAIT: gl.constexpr = False):
-    """`_rs_groups_mainloop` (one warpgroup, GATHER) with ONE step of activations instead of a
-    STAGES-deep ring, refilled a half step at a time: groups 0-3 of step k+1 are gathered once
+def _load_half(x_desc, xh, h: gl.constexpr, a_rows, row_ok, K, r0, kt, bar, pred, GATHER: gl.constexpr,
+               x_l: gl.constexpr):
+    """Half `h` of K step `kt` (groups ``4h .. 4h+3``) into the ``[4, BR, 32]`` buffer `xh`: one
+    TMA of a ``[4, BR, 32]`` box (`x_desc`, `_act_desc` with ``groups=4``) arriving on `bar`, or,
+    with GATHER, `_gather_async`'s cp.async of the routed rows as one commit group."""
+    if GATHER:
+        g = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None] + 4 * h
+        j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
+        k0 = kt * 256 + g * 32
+        async_copy.async_copy_global_to_shared(_half_boxes(xh), a_rows + (k0 + j), mask=row_ok & pred & (k0 < K))
+        async_copy.commit_group()
+    else:
+        mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(x_desc, [kt * _GROUPS + 4 * h, r0, 0], bar, _half_boxes(xh), pred=pred)
+
+
+@gluon.jit
+def _half_landed(bar, kt, GATHER: gl.constexpr, pred=True):
+    """The half loaded last (`_load_half`, step `kt`, if `pred`) has landed and is visible to
+    wgmma: with GATHER this thread's copies (the caller's CTA barrier makes them every thread's),
+    else its TMA."""
+    if GATHER:
+        async_copy.wait_group(0)
+        fence_async_shared()
+    else:
+        mbarrier.wait(bar, kt & 1, pred=pred)
+
+
+@gluon.jit
+def _rs_halves_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
+                        BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk,
+                        PDL_WAIT: gl.constexpr = False):
+    """`_rs_groups_mainloop` (one warpgroup) with ONE step of activations instead of a
+    STAGES-deep ring, refilled a half step at a time: groups 0-3 of step k+1 are loaded once
     every warp has retired group 3 of step k, groups 4-7 once the step is done, each waited for
     half a step later. The 128x64 tile's 100 KB (two 32 KB activation stages) become 68 KB, so
-    three CTAs share an SM instead of two (`HALF_ACT_TILES`)."""
+    three CTAs share an SM instead of two (`HALF_ACT_TILES`). Same arguments and result; without
+    GATHER `x_desc`'s box is a half step (`_act_desc` with ``groups=4``)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
     # two allocations, not one: Triton's barrier pass then sees that a half's refill and the
-    # other half's wgmmas touch different buffers (one buffer cost three CTA barriers more a step)
-    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
+    # other half's wgmmas touch different buffers (one buffer cost a CTA barrier more a half)
+    if GATHER:
+        x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BR, 32], gl.bfloat16)
+    else:
+        x_sl: gl.constexpr = x_desc.layout
     xa = gl.allocate_shared_memory(gl.bfloat16, [4, BR, 32], x_sl)
     xb = gl.allocate_shared_memory(gl.bfloat16, [4, BR, 32], x_sl)
+    xready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # TMA only
+    for i in gl.static_range(2):
+        mbarrier.init(xready.index(i), count=1)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
     if nk is None:
         nk = gl.cdiv(K, 256)
@@ -886,11 +918,14 @@ def _rs_halves_mainloop(a_rows, row_ok, w_desc, s_desc, wrow, srow, n0, K, mma: 
     if PDL_WAIT:  # the weights are constant: they travel while the previous kernel finishes
         gl_wait_prior()
         gl_release_next()
-    _gather_half_async(xa, 0, a_rows, row_ok, ks, K, x_l)
-    _gather_half_async(xb, 1, a_rows, row_ok, ks, K, x_l)
-    async_copy.wait_group(1)  # step 0's first half (this thread's)
-    fence_async_shared()
-    gl.thread_barrier()  # ... and every thread's
+    _load_half(x_desc, xa, 0, a_rows, row_ok, K, r0, ks, xready.index(0), True, GATHER, x_l)
+    _load_half(x_desc, xb, 1, a_rows, row_ok, K, r0, ks, xready.index(1), True, GATHER, x_l)
+    if GATHER:
+        async_copy.wait_group(1)  # step 0's first half (this thread's; every thread's after the barrier)
+        fence_async_shared()
+        gl.thread_barrier()
+    else:
+        mbarrier.wait(xready.index(0), 0)
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
     for kt in range(nk):
@@ -898,32 +933,33 @@ def _rs_halves_mainloop(a_rows, row_ok, w_desc, s_desc, wrow, srow, n0, K, mma: 
         mbarrier.wait(wready.index(s), (kt // STAGES) & 1)
         scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
         words = wring.index(s).load(dot_a)
-        more = row_ok & (kt + 1 < nk)
+        more = kt + 1 < nk
         prev = _dequant_group_regs(words, scales, 0, rows_l)
         acc = warpgroup_mma(prev, xa.index(0).permute((1, 0)), acc, is_async=True)
         for g in gl.static_range(1, _GROUPS):
             w = _dequant_group_regs(words, scales, g, rows_l)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
             if g == 4:  # the second half landed; every warp retired groups 0-3: refill them
-                async_copy.wait_group(0)
-                fence_async_shared()
+                _half_landed(xready.index(1), kt, GATHER)
                 gl.thread_barrier()
-                _gather_half_async(xa, 0, a_rows, more, ks + kt + 1, K, x_l)
+                _load_half(x_desc, xa, 0, a_rows, row_ok, K, r0, ks + kt + 1, xready.index(0), more, GATHER, x_l)
             if g < 4:
                 acc = warpgroup_mma(w, xa.index(g).permute((1, 0)), acc, is_async=True)
             else:
                 acc = warpgroup_mma(w, xb.index(g - 4).permute((1, 0)), acc, is_async=True)
             prev = w
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
-        async_copy.wait_group(0)  # step k+1's first half
-        fence_async_shared()
+        _half_landed(xready.index(0), kt + 1, GATHER, more)  # step k+1's first half (past the last step: none)
         gl.thread_barrier()  # every warp is done with stage s's words and groups 4-7
         _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + STAGES, wready.index(s), wring, sring, s,
                       kt + STAGES < nk)
-        _gather_half_async(xb, 1, a_rows, more, ks + kt + 1, K, x_l)
-    async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
+        _load_half(x_desc, xb, 1, a_rows, row_ok, K, r0, ks + kt + 1, xready.index(1), more, GATHER, x_l)
+    if GATHER:
+        async_copy.wait_group(0)  # no copy may outlive the CTA's shared memory
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(wready.index(i))
+    for i in gl.static_range(2):
+        mbarrier.invalidate(xready.index(i))
     return acc
 
 
@@ -1210,7 +1246,7 @@ def _ws_mainloop(x_desc, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexp
 def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid, stride_cm,
                       STAGES: gl.constexpr, MASKED: gl.constexpr, SPLIT_ACC: gl.constexpr, num_warps: gl.constexpr,
                       WARP_SPECIALIZE: gl.constexpr = False, QUARTER: gl.constexpr = False,
-                      GROUP_LOOP: gl.constexpr = False):
+                      GROUP_LOOP: gl.constexpr = False, HALF_ACTS: gl.constexpr = False):
     """One row block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE): rows ``r0 ..``
     (as many as `x_desc`'s box) by TMA, multiplied and stored; with QUARTER (warp-specialized
     four-warpgroup tiles) only the first three quarters of them (`WS_TAIL_TILES`)."""
@@ -1229,7 +1265,7 @@ def _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K,
                            x_l=mma)[0]  # x_l: any layout, no gather
     else:
         acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, srow, n0, K, mma, BR, STAGES, False, mma,
-                           SPLIT_ACC, GROUP_LOOP)
+                           SPLIT_ACC, GROUP_LOOP, HALF_ACTS=HALF_ACTS)
     _grouped_store(acc, c_ptr, route_ptr, r0, n0, e, max_m, valid, N, stride_cm, MASKED, num_warps)
 
 
@@ -1239,7 +1275,7 @@ def _w4a16_grouped_rs_kernel(
     N, K, max_m, stride_cm, row_slots,
     STAGES: gl.constexpr, MASKED: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr,
     SPLIT_ACC: gl.constexpr, HALF_TAIL: gl.constexpr, QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr,
-    num_warps: gl.constexpr,
+    num_warps: gl.constexpr, HALF_ACTS: gl.constexpr = False,
 ):
     """The grouped kernel with the dequantized weights kept in registers as the wgmma A operand
     (``wgmma ... {a regs}, [b smem]``, `_rs_mainloop`): no shared-memory round trip, no fence,
@@ -1281,7 +1317,8 @@ def _w4a16_grouped_rs_kernel(
                                   stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, GROUP_LOOP=GROUP_LOOP)
             else:
                 _grouped_rs_block(x_desc, w_desc, s_desc, c_ptr, route_ptr, r0, e, n0, N, K, max_m, valid,
-                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, GROUP_LOOP=GROUP_LOOP)
+                                  stride_cm, STAGES, MASKED, SPLIT_ACC, num_warps, GROUP_LOOP=GROUP_LOOP,
+                                  HALF_ACTS=HALF_ACTS)
 
 
 @gluon.jit
@@ -1734,11 +1771,12 @@ def _x_layout(br: int):
     return gl.NVMMASharedLayout.get_default_for([br, 32], gl.bfloat16)
 
 
-def _act_desc(a: torch.Tensor, k: int, br: int) -> TensorDescriptor:
+def _act_desc(a: torch.Tensor, k: int, br: int, groups: int = 8) -> TensorDescriptor:
     """TMA descriptor of the activations ``bf16 [rows, K]`` seen as ``[K / 32, rows, 32]`` (group,
     row, column; strides 32, row stride, 1): one box ``[8, br, 32]`` is a K step's eight
-    ``[br, 32]`` group boxes, stacked as the activation ring holds them. Groups past K read 0."""
-    return TensorDescriptor(a, [k // 32, a.shape[0], 32], [32, a.stride(0), 1], [8, br, 32], _x_layout(br))
+    ``[br, 32]`` group boxes, stacked as the activation ring holds them (``groups=4``: half a
+    step, `_rs_halves_mainloop`). Groups past K read 0."""
+    return TensorDescriptor(a, [k // 32, a.shape[0], 32], [32, a.stride(0), 1], [groups, br, 32], _x_layout(br))
 
 
 _S_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)  # plain rows: sliced by group
@@ -1776,7 +1814,7 @@ def w4a16_grouped_sm90_launch(a, w, route, out, tile, max_m: int = 0, regs_a: bo
     rows = a.shape[0]
     extra = _grouped_rs_constexprs(tile, warp_specialize, bool(max_m)) if regs_a else {}
     if regs_a:
-        x_desc = _act_desc(a, w.k, br)
+        x_desc = _act_desc(a, w.k, br, 4 if extra.get("HALF_ACTS") else 8)
         xh_desc = _act_desc(a, w.k, br // 2) if extra["HALF_TAIL"] else x_desc
     else:
         x_desc = TensorDescriptor(a, [rows, w.k], [a.stride(0), 1], [br, 32], _x_layout(br))
@@ -1916,9 +1954,28 @@ HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4), (128, 64, 4, 2))
 WS_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
 
 
-#: Indexed group-loop tiles whose activations are one step refilled by halves (`_rs_halves_mainloop`)
-#: instead of a STAGES-deep ring: 128x64 then fits three CTAs an SM (68 KB, 168 registers).
-HALF_ACT_TILES = ((128, 64, 4, 2),)
+#: Group-loop tiles whose activations are one step refilled by halves (`_rs_halves_mainloop`)
+#: instead of a STAGES-deep ring: 128x64 then fits three CTAs an SM (68 KB at 168 registers,
+#: where two 32 KB activation stages made 100 KB: two CTAs an SM). H200, twenty-sixth session
+#: (`scripts/probes/half_acts.py`, one process, interleaved, bit-identical, us, ring -> halves):
+#:   indexed EP8 (64-row blocks) gate_up / down: the bench's 256-token draw 364.7 -> 337.6 /
+#:   210.0 -> 184.0, 192 tokens 329.1 -> 300.5 / 184.8 -> 163.6, 384 tokens 529.1 -> 473.5 /
+#:   282.5 -> 249.9; `moe_experts` 256 / 384 tokens 601.2 -> 544.5 / 853.8 -> 754.9;
+#:   masked 32 tok/expert (bench draws) EP8 300.7 -> 293.0 / 166.4 -> 154.8, EP16 165.1 -> 163.8 /
+#:   92.1 -> 90.3, EP32 103.7 -> 88.4 / 53.3 -> 52.4.
+#: Not kept: the 128x32 group loop by halves (52 KB, four CTAs an SM at 128 registers, which
+#: then spill): indexed 96 / 160 tokens 0.98-1.03x, masked 16 tok/expert down 0.88x.
+HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}
+#: Stack bytes a halves tile may spill (compile tier): the masked 128x64 at its 168-register cap
+#: (three CTAs an SM allow no more) keeps 15 epilogue scalars (output row, pointers, counts) on
+#: the stack across the main loop, stored once and read once a row block; measured faster as it
+#: is (the table above).
+HALF_ACT_SPILL_BYTES = {("masked", (128, 64, 4, 2)): 64}
+
+
+def _half_acts(tile, warp_specialize: bool, family: str) -> bool:
+    return _group_loop(tile, warp_specialize) and tuple(tile) in HALF_ACT_TILES[family]
+
 
 
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
@@ -1956,7 +2013,8 @@ def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
     return {"WARP_SPECIALIZE": warp_specialize, "SPLIT_ACC": _split_acc(tile),
             "HALF_TAIL": masked and _half_tail(tile, warp_specialize, "masked"),
             "QUARTER_TAIL": masked and _quarter_tail(tile, warp_specialize, "masked"),
-            "GROUP_LOOP": _group_loop(tile, warp_specialize)}
+            "GROUP_LOOP": _group_loop(tile, warp_specialize),
+            "HALF_ACTS": _half_acts(tile, warp_specialize, "masked" if masked else "contiguous")}
 
 
 def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
@@ -1969,7 +2027,7 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
             "X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop) if half else None,
             "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"), "GROUP_LOOP": group_loop,
-            "HALF_ACTS": group_loop and tuple(tile) in HALF_ACT_TILES}
+            "HALF_ACTS": _half_acts(tile, warp_specialize, "indexed")}
 
 
 def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
@@ -2046,7 +2104,8 @@ def compile_configs():
     for kind, (bw, br, warps, stages) in grouped:
         rs = kind != ""
         probe = torch.empty(16, 64, dtype=torch.bfloat16)
-        x_desc = _act_desc(probe, 64, br) if rs else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br))
+        x_desc = (_act_desc(probe, 64, br, 4 if extra.get("HALF_ACTS") else 8) if rs
+                  else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br)))
         for masked in (False, True):
             extra = _grouped_rs_constexprs((bw, br, warps, stages), kind == "_ws", masked) if rs else {}
             sig = {
@@ -2063,6 +2122,8 @@ def compile_configs():
                 {"STAGES": stages, "MASKED": masked, "N_FASTEST": _n_fastest(br), "num_warps": warps, **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
                 maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=True) if rs else None,
+                max_spill_bytes=HALF_ACT_SPILL_BYTES.get(("masked" if masked else "contiguous", (bw, br, warps, stages)),
+                                                         0) if extra.get("HALF_ACTS") else 0,
                 expect_ptx=(f"wgmma.wait_group.sync.aligned {0 if rs else _GROUPS.value}",), unaligned=("N", "K", "max_m", "row_slots"),
                 # the shared-memory engine (a comparison point, 0.35-0.84x the Triton kernel): ptxas
                 # serializes its wgmmas (C7515), so its `wait_group 8` overlap never reaches the SASS
