@@ -433,9 +433,9 @@ def test_gluon_default_for_decode(monkeypatch):
     the default at every tok_e (it measured faster everywhere): for EP the 8-row routing block up
     to tok_e 4 (the group-loop tile, or its 3-stage step-loop alternative where the grid is
     thin: one token's gate_up), the 16-row block up to tok_e 12 (from tok_e 0 for TP; its
-    group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 29,
+    group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 22,
     the 64-row block from there (the one-warpgroup 128x64 with its half tail), the 128-row
-    block past tok_e 64 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
+    block past tok_e 90 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
     down) runs the block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
     blocks exist only on the Gluon kernel; an engine override wins."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
@@ -470,13 +470,13 @@ def test_gluon_default_for_decode(monkeypatch):
     assert "128 weight rows on one warpgroup" in c.reason, c  # the 128x32 group loop
     c = w4a16_indexed_config(8192, 384, 7168, 256, gluon=True)  # ... whose one-step down runs the N loop
     assert (c.engine, c.block_m, c.block_n) == ("gluon_rs", 32, 128) and "N-loop" in c.reason, c
-    c = w4a16_indexed_config(1280, 48, 4096, 7168, gluon=True)  # EP8 160 tokens (tok_e 27)
+    c = w4a16_indexed_config(1024, 48, 4096, 7168, gluon=True)  # EP8 128 tokens (tok_e 21.3)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 32, 128, 4), c
-    assert w4a16_indexed_config(1280, 48, 4096, 7168).engine == "triton"  # off Hopper
-    # the blocks' edges: tok_e 27 / 30 / 64 / 70
-    for routes, block in ((1280, 32), (1440, 64), (3072, 64), (3360, 128)):
+    assert w4a16_indexed_config(1024, 48, 4096, 7168).engine == "triton"  # off Hopper
+    # the blocks' edges: tok_e 21.3 / 24 / 85.3 / 96
+    for routes, block in ((1024, 32), (1152, 64), (4096, 64), (4608, 128)):
         assert w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True).block_m == block, routes
-    for routes in (2048, 3072):  # EP8 256 / 384 tokens (tok_e 43 / 64): one warpgroup, 128 weight rows
+    for routes in (1280, 2048, 3072):  # EP8 160 / 256 / 384 tokens (tok_e 27 / 43 / 64): one warpgroup, 128 rows
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
         assert "runs the 32-row tile (H200 EP8 384 / 512" in c.reason, c  # its half-row tail (`HALF_TAIL_TILES`)

@@ -181,15 +181,23 @@ ENV_OVERRIDES = override_names("W4A16")
 #:   block's 256x128 (half tail) at 320 / 384 / 448 / 512 tokens (tok_e 53-85): 406.6 / 230.4 vs
 #:   469.0 / 270.6, 544.5 / 300.3 vs 540.2 / 300.5, 655.6 / 362.0 vs 585.9 / 337.1, 693.3 /
 #:   380.4 vs 600.4 / 351.0.
+#: Twenty-sixth session: the 64-row block's 128x64 refills its activations by halves, three CTAs an
+#:   SM (`w4a16_sm90.HALF_ACT_TILES`: 1.08-1.14x), so both edges moved (`decode_blocks.py edges`,
+#:   interleaved, us, gate_up / down): 32-row against 64-row at 112 / 128 / 144 / 160 / 192 tokens
+#:   (tok_e 18.7-32) 247.7 / 135.9 vs 254.3 / 139.8, 254.2 / 138.3 vs 260.4 / 141.7, 275.5 / 146.3
+#:   vs 266.9 / 144.6, 281.9 / 153.4 vs 274.3 / 149.7, 362.4 / 196.2 vs 305.0 / 162.9; 64-row
+#:   against 128-row at 448 / 512 / 576 / 640 tokens (tok_e 75-107) 560.7 / 299.0 vs 583.6 /
+#:   329.7, 602.8 / 320.0 vs 592.8 / 348.1, 630.3 / 336.6 vs 604.4 / 356.2, 674.1 / 358.5 vs
+#:   615.7 / 363.3 (the layer sums: level at 96). Measured on EP8 only; TP8 shares the edges.
 _GLUON_BLOCKS = (
     (12, 16, "sm_90 decode: register-A Gluon kernel, 16-row routing block (H200 EP8 1-64 tokens: "
              "1.15-1.49x the Triton kernel; 1.09-1.12x the 32-row block at tok_e 10.7)"),
-    (29, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
-             "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; 1.03-1.09x the 64-row block at tok_e 26.7, "
-             "0.92-0.95x at 32)"),
-    (64, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
-             "Triton 1196 with 128 weight rows; tok_e 53: 1.15-1.17x the 128-row block, level at 64, "
-             "0.89-0.93x at 75)"),
+    (22, 32, "sm_90 between decode and prefill: register-A Gluon kernel, 32-row routing block (H200 EP8 "
+             "tok_e 17-32: 1.19-1.34x the Triton 32-row tiles; 1.02-1.03x the 64-row block at tok_e 21.3, "
+             "0.97-0.99x at 24)"),
+    (90, 64, "sm_90 prefill: register-A Gluon kernel, 64-row routing block (H200 EP8 tok_e 43: 866 us vs "
+             "Triton 1196 with 128 weight rows; with its activations refilled by halves 1.06x the 128-row "
+             "block at tok_e 75, 1.02x at 85, level at 96)"),
     (float("inf"), 128, "sm_90 large prefill: register-A Gluon kernel, 128-row routing block (H200 tok_e 171: EP8 "
                         "2485 us, TP8 3686 vs Triton 3521 / 4963 with 128 weight rows, 64-row block 2576 / 4065; "
                         "256 weight rows 1.10-1.14x that)"),

@@ -53,7 +53,9 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
 - **One warpgroup, 128 weight rows** (`WIDE_DECODE_TILES`, the 128x64 of `GROUP_LOOP_MAXNREG`):
   the group loop with two m64 wgmmas a group under a register cap (96-168), so two to five CTAs
   share an SM where the four-warpgroup tiles run one. The 8- to 64-row routing blocks and
-  masked tiles where their grid allows (twentieth and twenty-first sessions: 1.04-1.37x).
+  masked tiles where their grid allows (twentieth and twenty-first sessions: 1.04-1.37x). The
+  128x64 holds one step of activations, refilled a half step at a time (`_rs_halves_mainloop`,
+  `HALF_ACT_TILES`): 68 KB, three CTAs an SM (twenty-sixth session: 1.01-1.17x).
 - **Half-row tails** (`HALF_TAIL_TILES`, `SPLIT_HI_TAIL_TILES`): a row block whose live rows end
   in its first half (an expert's last block) runs a second copy of the main loop compiled for
   half the rows (the split tiles: for their power-of-two part), in the same program and the
@@ -211,7 +213,8 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: (`SPLIT_ACC_TILES`): gate_up 308.7 vs 304.9, down 153.5 vs 182.0 (two runs: 155.0 vs 180.6):
 #: so only for a short K (`SHORT_K_TILES`).
 #: The 128-row tiles (two m64 wgmmas a group) of `WIDE_DECODE_TILES` too, and the 64-row block's
-#: 128x64 at 168 registers (64 of accumulator; two CTAs an SM by its 100 KB ring). H200,
+#: 128x64 at 168 registers (64 of accumulator; two CTAs an SM by its 100 KB ring until the
+#: twenty-sixth session's `HALF_ACT_TILES`, three since). H200,
 #: twenty-first session (`scripts/probes/decode_blocks.py wide64`, interleaved, valid rows
 #: bit-identical, us, gate_up / down), against the warp-specialized four-warpgroup 256x64 (with
 #: its tails): masked 32 tok/expert EP8 355.0 / 216.3 -> 340.0 / 183.0, 40 tok 367.1 / 224.8 ->
