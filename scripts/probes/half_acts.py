@@ -26,36 +26,16 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
-from lowbit import moe_experts, routing
 from lowbit.bench.cases import build_problem, make_weight, select_cases
-from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as base
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
 
 _TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
 RING = [(_TABLE, 'HALF_ACT_TILES = {"indexed": (), "masked": (), "contiguous": ()}')]
 WIDE32 = [(_TABLE, 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2), (128, 32, 4, 2)), '
                    '"masked": ((128, 64, 4, 2), (128, 32, 4, 2)), "contiguous": ()}')]
-NAMES = ["ring", "halves32"]
 MODS = {"kernel": base, "ring": v.variant("ring", RING), "halves32": v.variant("halves32", WIDE32)}
 E, H, I = 48, 7168, 2048
-
-
-def compare(label: str, call, out: torch.Tensor) -> None:
-    outs = {n: out.clone() for n in MODS}
-    fns = {}
-    for name, mod in MODS.items():
-        def fn(mod=mod, o=outs[name]):
-            with v.using(mod):
-                call(o)
-        fns[name] = fn
-    t = measure_interleaved(fns, rounds=60)
-    torch.cuda.synchronize()
-    k = t["kernel"].median_us
-    cells = "  ".join(f"{n} {t[n].median_us:7.1f} x{t[n].median_us / k:.3f}"
-                      f"{'' if torch.equal(outs['kernel'].nan_to_num(), outs[n].nan_to_num()) else ' !'}" for n in NAMES)
-    print(f"{label:40} kernel {k:7.1f}  {cells}", flush=True)
 
 
 def gemm() -> None:
@@ -71,15 +51,7 @@ def gemm() -> None:
             ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
             a = torch.randn(t if proj == "gate_up" else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
             draws.append((f"t{t} {proj}", a, w, ids))
-    for label, a, w, ids in draws:
-        top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1
-        cfg = w4a16_indexed_config(ids.numel(), w.num_experts, w.n, w.k, gluon=True)
-        r = routing.moe_align_block_size(ids, cfg.block_m, w.num_experts)
-        out = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        compare(f"{label} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
-                lambda o, a=a, w=w, r=r, top_k=top_k, cfg=cfg: w4a16_indexed(
-                    a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, out=o, config=cfg),
-                out)
+    v.compare_indexed(MODS, draws)
 
 
 def masked() -> None:
@@ -93,21 +65,12 @@ def masked() -> None:
             mm, em = p.masked.masked_m, p.expected_m
             cfg = w4a16_grouped_config("masked", p.a.shape[0], w.n, w.k, w.num_experts, em, gluon=True)
             out = torch.full((p.a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            compare(f"{name} {proj} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
+            v.compare(MODS, f"{name} {proj} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
                     lambda o, p=p, w=w, mm=mm, em=em, cfg=cfg: w4a16_masked(p.a, w, mm, em, out=o, config=cfg), out)
 
 
 def layer() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(6)
-    w13 = pack_w4a16(make_weight(E, 2 * I, H, "cuda"))
-    w2 = pack_w4a16(make_weight(E, H, I, "cuda"))
-    for t in (256, 384):
-        ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
-        wts = torch.rand(t, 8, generator=gen, device="cuda")
-        x = torch.randn(t, H, generator=gen, device="cuda").to(torch.bfloat16)
-        out = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
-        compare(f"moe_experts indexed {t} tokens",
-                lambda o, x=x, ids=ids, wts=wts: moe_experts(x, ids, wts, w13, w2, out=o, path="indexed"), out)
+    v.compare_layer(MODS, (256, 384), seed=6)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,73 @@ def using(mod):
         yield
     finally:
         sys.modules[key] = saved
+
+
+def compare(mods: dict, label: str, call, out, rounds: int = 60) -> None:
+    """Time ``call(o)`` under each module of `mods` (name -> `variant`; the first is the
+    reference, usually the kernel itself), interleaved CUDA-graph replays behind an L2 flush
+    (`lowbit.bench.timing.measure_interleaved`), each writing its own copy of `out`; print one
+    line: the reference's median us, then each other's and its ratio to the reference (> 1: the
+    reference is faster), "!" where its output differs bit for bit (NaN compared as 0)."""
+    import torch
+
+    from lowbit.bench.timing import measure_interleaved
+
+    outs = {n: out.clone() for n in mods}
+    fns = {}
+    for name, mod in mods.items():
+        def fn(mod=mod, o=outs[name]):
+            with using(mod):
+                call(o)
+        fns[name] = fn
+    t = measure_interleaved(fns, rounds=rounds)
+    torch.cuda.synchronize()
+    ref, *others = list(mods)
+    k = t[ref].median_us
+    cells = "  ".join(f"{n} {t[n].median_us:7.1f} x{t[n].median_us / k:.3f}"
+                      f"{'' if torch.equal(outs[ref].nan_to_num(), outs[n].nan_to_num()) else ' !'}" for n in others)
+    print(f"{label:40} {ref} {k:7.1f}  {cells}", flush=True)
+
+
+def compare_indexed(mods: dict, draws, rounds: int = 60) -> None:
+    """`compare` on Kimi-style indexed draws ``(label, a, w, topk_ids)`` (``top_k`` from the
+    shapes: a row a token is gate_up, a row a route is down), each through the public
+    `w4a16_indexed` with its heuristics' tile; NaN-poisoned outputs."""
+    import torch
+
+    from lowbit import routing
+    from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+
+    for label, a, w, ids in draws:
+        top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1
+        cfg = w4a16_indexed_config(ids.numel(), w.num_experts, w.n, w.k, gluon=True)
+        r = routing.moe_align_block_size(ids, cfg.block_m, w.num_experts)
+        out = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        compare(mods, f"{label} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
+                lambda o, a=a, w=w, r=r, top_k=top_k, cfg=cfg: w4a16_indexed(
+                    a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, out=o, config=cfg),
+                out, rounds)
+
+
+def compare_layer(mods: dict, tokens, seed: int, rounds: int = 60, experts: int = 48, hidden: int = 7168,
+                  inter: int = 2048) -> None:
+    """`compare` on `lowbit.moe_experts(path="indexed")` (Kimi EP8 shapes by default, top-8, random
+    weights and routing drawn from `seed`) at each token count."""
+    import torch
+
+    from lowbit import moe_experts
+    from lowbit.bench.cases import make_weight
+    from lowbit.formats.w4a16 import pack_w4a16
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w13 = pack_w4a16(make_weight(experts, 2 * inter, hidden, "cuda"))
+    w2 = pack_w4a16(make_weight(experts, hidden, inter, "cuda"))
+    for t in tokens:
+        ids = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:8] for _ in range(t)])
+        ids = ids.to(torch.int32)
+        wts = torch.rand(t, 8, generator=gen, device="cuda")
+        x = torch.randn(t, hidden, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty(t, hidden, dtype=torch.bfloat16, device="cuda")
+        compare(mods, f"moe_experts indexed {t} tokens",
+                lambda o, x=x, ids=ids, wts=wts: moe_experts(x, ids, wts, w13, w2, out=o, path="indexed"), out,
+                rounds)
