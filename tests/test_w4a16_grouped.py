@@ -411,6 +411,7 @@ def test_gluon_default_where_measured_faster(monkeypatch):
         m32 = w4a16_grouped_config("masked", g * 256, 4096, 7168, g, 32, gluon=True)
         assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_rs", 128, 64, 4), m32
         assert "runs the 32-row tile" in m32.reason, m32  # `HALF_TAIL_TILES`
+        assert "refilled by halves" in m32.reason, m32  # `HALF_ACT_TILES`
     m64 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 64, gluon=True)  # past one 64-row tile
     assert (m64.engine, m64.block_n, m64.block_m) == ("gluon_ws", 256, 96), m64
     for em, rows in ((8, 16), (16, 32)):  # the 16- / 32-row group loops on 128 weight rows

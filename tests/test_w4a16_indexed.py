@@ -480,9 +480,11 @@ def test_gluon_default_for_decode(monkeypatch):
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
         assert "runs the 32-row tile (H200 EP8 384 / 512" in c.reason, c  # its half-row tail (`HALF_TAIL_TILES`)
+        assert "refilled by halves" in c.reason, c  # `HALF_ACT_TILES`
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
     assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
+    assert "refilled by halves" not in c.reason, c
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
     assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile

@@ -193,14 +193,16 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
                       reason=f"{cfg.reason}; {br}-row split tile, one tile an expert instead of two 64-row ones "
                       f"(H200 EP8 64 tok/expert: 1.15-1.20x{measured}): {bw}x{br}, {stages} stages")
     if cfg.engine in GLUON_ENGINES:
-        from .w4a16_sm90 import tail_rows
+        from .w4a16_sm90 import half_acts_note, tail_rows
 
-        tail = tail_rows((cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages), cfg.engine, mode)
+        tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
+        tail = tail_rows(tile, cfg.engine, mode)
         if tail:
             measured = "masked 32 tok/expert, with the three-quarter tail: 1.03-1.09x" if cfg.engine == "gluon_ws" \
                 else "masked 16-64 tok/expert: 1.04-1.18x"
             cfg = replace(cfg, reason=f"{cfg.reason}; a block whose rows end within its first {tail} runs the "
                           f"{tail}-row tile (H200 {measured})")
+        cfg = replace(cfg, reason=cfg.reason + half_acts_note(tile, cfg.engine, mode))
     return avoid_miscompile(cfg, n)
 
 

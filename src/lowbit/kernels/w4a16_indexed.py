@@ -329,7 +329,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, runs_nloop, tail_rows
+    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, half_acts_note, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -347,8 +347,9 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         measured = ("384 tokens: 1.03-1.06x" if engine == "gluon_ws"
                     else "384 / 512 tokens: 1.04-1.10x" if cfg.block_m == 64 else "1024 tokens: 1.09x")
         variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 {measured})"
+        variant += half_acts_note(tile, engine, "indexed")
     else:
-        variant = note
+        variant = note + half_acts_note(tile, engine, "indexed")
     split = cfg.split_k if _rs_splits(engine, tile, k, cfg.split_k) else 1
     if split > 1:
         variant += f"; K in {split} shares (FP32, summed by a second kernel)"
