@@ -55,19 +55,26 @@ def gemm() -> None:
     v.compare_indexed(MODS, draws)
 
 
-def masked() -> None:
+def _masked_draws(names):
+    """(label, a, w, masked_m, expected_m, heuristics' config) of each bench case's projections."""
     from lowbit.formats.w4a16 import pack_w4a16_grouped
-    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked, w4a16_grouped_config
-    for name in ("ep8_masked_16", "ep8_masked_32", "ep16_masked_32", "ep32_masked_32"):
+    from lowbit.kernels.w4a16_grouped import w4a16_grouped_config
+    for name in names:
         case = select_cases([name])[0]
         for proj in ("gate_up", "down"):
             p = build_problem(case, proj, "cuda")
             w = pack_w4a16_grouped(p.weight, mode="masked")
-            mm, em = p.masked.masked_m, p.expected_m
-            cfg = w4a16_grouped_config("masked", p.a.shape[0], w.n, w.k, w.num_experts, em, gluon=True)
-            out = torch.full((p.a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            v.compare(MODS, f"{name} {proj} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
-                    lambda o, p=p, w=w, mm=mm, em=em, cfg=cfg: w4a16_masked(p.a, w, mm, em, out=o, config=cfg), out)
+            cfg = w4a16_grouped_config("masked", p.a.shape[0], w.n, w.k, w.num_experts, p.expected_m, gluon=True)
+            yield f"{name} {proj}", p.a, w, p.masked.masked_m, p.expected_m, cfg
+
+
+def masked() -> None:
+    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked
+    for label, a, w, mm, em, cfg in _masked_draws(("ep8_masked_16", "ep8_masked_32", "ep16_masked_32",
+                                                   "ep32_masked_32")):
+        out = torch.full((a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        v.compare(MODS, f"{label} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",
+                  lambda o, a=a, w=w, mm=mm, em=em, cfg=cfg: w4a16_masked(a, w, mm, em, out=o, config=cfg), out)
 
 
 def masked64() -> None:
@@ -77,26 +84,18 @@ def masked64() -> None:
     from dataclasses import replace
 
     from lowbit.bench.timing import measure_interleaved
-    from lowbit.formats.w4a16 import pack_w4a16_grouped
-    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked, w4a16_grouped_config
-    for name in ("ep8_masked_64",):
-        case = select_cases([name])[0]
-        for proj in ("gate_up", "down"):
-            p = build_problem(case, proj, "cuda")
-            w = pack_w4a16_grouped(p.weight, mode="masked")
-            mm, em = p.masked.masked_m, p.expected_m
-            cfg = w4a16_grouped_config("masked", p.a.shape[0], w.n, w.k, w.num_experts, em, gluon=True)
-            cfgs = {f"{cfg.block_n}x{cfg.block_m}": cfg,
-                    "128x64h": replace(cfg, engine="gluon_rs", block_n=128, block_m=64, num_warps=4, num_stages=2)}
-            outs = {k: torch.full((p.a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
-                    for k in cfgs}
-            t = measure_interleaved({k: (lambda k=k: w4a16_masked(p.a, w, mm, em, out=outs[k], config=cfgs[k]))
-                                     for k in cfgs}, rounds=60)
-            valid = (torch.arange(p.a.shape[0] // w.num_experts, device="cuda")[None, :] < mm[:, None]).reshape(-1)
-            ref, other = list(cfgs)
-            same = torch.equal(outs[ref][valid], outs[other][valid])
-            print(f"{name} {proj:8} " + "  ".join(f"{k} {t[k].median_us:7.1f}" for k in cfgs)
-                  + f"  x{t[ref].median_us / t[other].median_us:.3f}{'' if same else ' (outputs differ)'}", flush=True)
+    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked
+    for label, a, w, mm, em, cfg in _masked_draws(("ep8_masked_64",)):
+        cfgs = {f"{cfg.block_n}x{cfg.block_m}": cfg,
+                "128x64h": replace(cfg, engine="gluon_rs", block_n=128, block_m=64, num_warps=4, num_stages=2)}
+        outs = {k: torch.full((a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda") for k in cfgs}
+        t = measure_interleaved({k: (lambda k=k: w4a16_masked(a, w, mm, em, out=outs[k], config=cfgs[k]))
+                                 for k in cfgs}, rounds=60)
+        valid = (torch.arange(a.shape[0] // w.num_experts, device="cuda")[None, :] < mm[:, None]).reshape(-1)
+        ref, other = list(cfgs)
+        same = torch.equal(outs[ref][valid], outs[other][valid])
+        print(f"{label:22} " + "  ".join(f"{k} {t[k].median_us:7.1f}" for k in cfgs)
+              + f"  x{t[ref].median_us / t[other].median_us:.3f}{'' if same else ' (outputs differ)'}", flush=True)
 
 
 def layer() -> None:
