@@ -605,29 +605,37 @@ def _issue_regs(xs, s, acc, w0, w1, w2, w3, w4, w5, w6, w7):
 
 
 @gluon.jit
-def _stage_boxes(xs, st):
-    """Stage `st` of a ``[STAGES * 8, BR, 32]`` activation ring as one ``[8, BR, 32]`` view (a
-    memdesc slice needs a constant start; BR is a multiple of the swizzle period, so the eight
-    boxes stacked are the rows of one ``[8 * BR, 32]`` box)."""
+def _stage_boxes(xs, st, GROUPS: gl.constexpr = _GROUPS):
+    """Stage `st` of a ``[STAGES * GROUPS, BR, 32]`` activation ring as one ``[GROUPS, BR, 32]``
+    view (a memdesc slice needs a constant start; BR is a multiple of the swizzle period, so the
+    boxes stacked are the rows of one ``[GROUPS * BR, 32]`` box). GROUPS: 8 (a K step), or 4 (a
+    half step, `_rs_halves_mainloop`)."""
     BR: gl.constexpr = xs.shape[1]
-    STAGES: gl.constexpr = xs.shape[0] // _GROUPS
-    flat = xs._reinterpret(xs.dtype, [STAGES, _GROUPS * BR, 32], xs.type.layout)
-    return flat.index(st).reshape([_GROUPS, BR, 32])
+    STAGES: gl.constexpr = xs.shape[0] // GROUPS
+    flat = xs._reinterpret(xs.dtype, [STAGES, GROUPS * BR, 32], xs.type.layout)
+    return flat.index(st).reshape([GROUPS, BR, 32])
+
+
+@gluon.jit
+def _gather_boxes(boxes, a_rows, row_ok, kt, K, x_l: gl.constexpr, g0: gl.constexpr = 0):
+    """cp.async of the routed activation rows into `boxes`, a ``[G, BR, 32]`` view
+    (`_stage_boxes`): box i gets group ``g0 + i`` of K step `kt` (K ``256kt + 32(g0 + i) ..``), in
+    one copy op; masked rows and K past the end are zero-filled, so sentinel slots and the K tail
+    multiply as zeros. No registers hold the rows. One op, not one a group: Triton's barrier pass
+    orders every shared-memory write after the previous one, so eight ops cost eight CTA barriers
+    a step (SASS, 2026-11-30). `a_rows`, `row_ok`: ``[1, BR, 1]`` (`_gathered_rows`). The rows
+    must be 16-byte aligned (`w4a16_indexed_sm90_launch` checks)."""
+    G: gl.constexpr = boxes.shape[0]
+    g = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None] + g0
+    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
+    k0 = kt * 256 + g * 32  # K is a multiple of 32 (group size): a group is all in or all out
+    async_copy.async_copy_global_to_shared(boxes, a_rows + (k0 + j), mask=row_ok & (k0 < K))
 
 
 @gluon.jit
 def _gather_async(xs, st, a_rows, row_ok, kt, K, x_l: gl.constexpr):
-    """cp.async of K step `kt` of the routed activation rows into stage `st` (eight ``[BR, 32]``
-    boxes, group g = K ``256kt + 32g ..``), one copy op over the ``[8, BR, 32]`` stage: masked
-    rows and K past the end are zero-filled, so sentinel slots and the K tail multiply as zeros.
-    No registers hold the rows. One op, not one a group: Triton's barrier pass orders every
-    shared-memory write after the previous one, so eight ops cost eight CTA barriers a step
-    (SASS, 2026-11-30). `a_rows`, `row_ok`: ``[1, BR, 1]`` (`_gathered_rows`). The rows must be
-    16-byte aligned (`w4a16_indexed_sm90_launch` checks)."""
-    g = gl.arange(0, _GROUPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None]
-    j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
-    k0 = kt * 256 + g * 32  # K is a multiple of 32 (group size): a group is all in or all out
-    async_copy.async_copy_global_to_shared(_stage_boxes(xs, st), a_rows + (k0 + j), mask=row_ok & (k0 < K))
+    """`_gather_boxes` of K step `kt` into stage `st` of the ring `xs` (eight ``[BR, 32]`` boxes)."""
+    _gather_boxes(_stage_boxes(xs, st), a_rows, row_ok, kt, K, x_l)
 
 
 @gluon.jit
@@ -852,28 +860,18 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
 
 
 @gluon.jit
-def _half_boxes(xh):
-    """A ``[4, BR, 32]`` half-step activation buffer as the one 3-D view a copy op fills
-    (`_stage_boxes`' stacking)."""
-    BR: gl.constexpr = xh.shape[1]
-    return xh._reinterpret(xh.dtype, [1, 4 * BR, 32], xh.type.layout).index(0).reshape([4, BR, 32])
-
-
-@gluon.jit
 def _load_half(x_desc, xh, h: gl.constexpr, a_rows, row_ok, K, r0, kt, bar, pred, GATHER: gl.constexpr,
                x_l: gl.constexpr):
     """Half `h` of K step `kt` (groups ``4h .. 4h+3``) into the ``[4, BR, 32]`` buffer `xh`: one
     TMA of a ``[4, BR, 32]`` box (`x_desc`, `_act_desc` with ``groups=4``) arriving on `bar`, or,
-    with GATHER, `_gather_async`'s cp.async of the routed rows as one commit group."""
+    with GATHER, `_gather_boxes`' cp.async of the routed rows as one commit group."""
+    boxes = _stage_boxes(xh, 0, 4)
     if GATHER:
-        g = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None] + 4 * h
-        j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
-        k0 = kt * 256 + g * 32
-        async_copy.async_copy_global_to_shared(_half_boxes(xh), a_rows + (k0 + j), mask=row_ok & pred & (k0 < K))
+        _gather_boxes(boxes, a_rows, row_ok & pred, kt, K, x_l, 4 * h)
         async_copy.commit_group()
     else:
         mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(x_desc, [kt * _GROUPS + 4 * h, r0, 0], bar, _half_boxes(xh), pred=pred)
+        tma.async_copy_global_to_shared(x_desc, [kt * _GROUPS + 4 * h, r0, 0], bar, boxes, pred=pred)
 
 
 @gluon.jit
@@ -1988,7 +1986,6 @@ def half_acts_note(tile, engine: str, family: str) -> str:
         return ""
     measured = "EP8 192-384 tokens: 1.08-1.14x" if family == "indexed" else "masked 32 tok/expert: 1.01-1.17x"
     return f"; one K step of activations refilled by halves: three CTAs an SM (H200 {measured})"
-
 
 
 def _half_tail(tile, warp_specialize: bool, family: str) -> bool:
