@@ -121,7 +121,8 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     """The Hopper Gluon kernels (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon / gluon_rs) through the
     same checks as the Triton kernel, every tile of the routing block (the register-A kernel
     also runs 128-row blocks): N and K off the tiles (5 K steps; 9 to wrap the ring), one token,
-    experts of ~150 rows (a 128-row block's full and half-row tiles, `HALF_TAIL_TILES`) and of
+    experts of ~150 rows (a 128-row block's full and half-row tiles, `HALF_TAIL_TILES`, also on
+    the one-K-step N loop, `NLOOP_HALF_TAIL_TILES`) and of
     ~44 (a 64-row block's full, half and three-quarter tiles, `WS_TAIL_TILES`), a hot
     expert with routing weights and over-allocated buffers, remote experts and dropped
     routes, and activations whose rows are not 16-byte aligned (refused, not misread)."""
@@ -143,6 +144,7 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
         for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2),
                                   (2, 72, 2304, 6, 2),  # 9 K steps: the ring wraps several times
                                   (3, 1096, 256, 7, 2),  # one K step, 9 N tiles of 128: the N loop's chunks
+                                  (2, 1096, 256, 150, 2),  # ... ~150 rows an expert: its full blocks and half tails
                                   (2, 136, 512, 150, 2),  # ~150 rows an expert: full blocks and half tails
                                   (4, 72, 544, 88, 2)):  # ~44 rows an expert: 64-row blocks' three tiles
             wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")

@@ -1585,15 +1585,17 @@ def _w4a16_indexed_nloop_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
     BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
-    N_TILES: gl.constexpr, num_warps: gl.constexpr,
+    N_TILES: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The register-A indexed kernel for a K of one 256-wide step (K <= 256; Kimi TP8 down has
     K = 256): one program gathers its routing block's rows once and loops over N_TILES weight
-    tiles (N tiles ``t0 ..``), the words and scales of the next tiles in a STAGES-deep TMA ring,
-    tile j+1 dequantized while tile j's products run, each tile stored as it retires. With one
-    K step a tile, `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing
-    block, N tile) program re-gathers the same rows and only one program an SM runs (registers).
-    Grid: routing blocks x cdiv(N tiles, N_TILES), one axis, the N chunks fastest."""
+    tiles (N tiles ``t0 ..``; `_nloop_block`). With one K step a tile,
+    `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing block, N tile)
+    program re-gathers the same rows and only one program an SM runs (registers).
+    HALF_TAIL: a block whose second half holds no route (an expert's last block) runs the
+    BR / 2-row tile (X_HALF_LAYOUT: its gather layout), as `_w4a16_indexed_rs_kernel` does
+    (`NLOOP_HALF_TAIL_TILES`). Grid: routing blocks x cdiv(N tiles, N_TILES), one axis, the N
+    chunks fastest."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     nt = gl.cdiv(N, BW)
     chunks = gl.cdiv(nt, N_TILES)
@@ -1603,12 +1605,35 @@ def _w4a16_indexed_nloop_kernel(
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     count = gl.minimum(nt - t0, N_TILES)
+    ids_ptr = sorted_ids_ptr + pid_m * BR
+    if HALF_TAIL:  # which of the block's slots past BR / 2 hold a route
+        tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        half_free = gl.min(gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l)), axis=0) >= num_routes
+    else:
+        half_free = False
+    if HALF_TAIL and half_free:  # no route in the second half
+        _nloop_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, t0, count, N, K, num_routes, top_k,
+                     stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps)
+    else:
+        _nloop_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, t0, count, N, K, num_routes, top_k,
+                     stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps)
+
+
+@gluon.jit
+def _nloop_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, t0, count, N, K, num_routes, top_k,
+                 stride_am, stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
+                 X_LAYOUT: gl.constexpr, num_warps: gl.constexpr):
+    """`_w4a16_indexed_nloop_kernel`'s work on the first BR slots of a routing block (`ids_ptr`:
+    its sorted ids) of expert `e`: its rows gathered once, then `count` weight tiles from N tile
+    `t0`, the words and scales of the next tiles in a STAGES-deep TMA ring, tile j+1 dequantized
+    while tile j's products run, each tile stored as it retires."""
+    BW: gl.constexpr = w_desc.block_type.shape[0]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BR, 16])
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     xs = _act_ring(w_desc, BR, 1, True)
     wring, sring, wready = _weight_ring(w_desc, s_desc, STAGES)
-    row_ok, a_rows = _gathered_rows(a_ptr, sorted_ids_ptr, pid_m, num_routes, top_k, stride_am, BR, X_LAYOUT)
+    row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
     _gather_async(xs, 0, a_rows, row_ok, 0, K, X_LAYOUT)
     async_copy.commit_group()
     srow = e * 8  # one K step: eight scale rows an expert
@@ -1633,7 +1658,7 @@ def _w4a16_indexed_nloop_kernel(
         n0 = (t0 + j + 1 + STAGES) * BW
         _load_weights(w_desc, s_desc, e * N + n0, srow, n0, 0, wready.index(s1), wring, sring, s1,
                       j + 1 + STAGES < count)
-        _indexed_store(_unscaled(acc), c_ptr, sorted_ids_ptr, topk_w_ptr, pid_m, (t0 + j) * BW, N, num_routes,
+        _indexed_store(_unscaled(acc), c_ptr, ids_ptr, topk_w_ptr, 0, (t0 + j) * BW, N, num_routes,
                        stride_cm, MUL_WEIGHT, num_warps)
         w0, w1, w2, w3, w4, w5, w6, w7 = v0, v1, v2, v3, v4, v5, v6, v7
     for i in gl.static_range(STAGES):
@@ -1648,6 +1673,12 @@ NLOOP_N_TILES = 8
 #: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier; so does
 #: the 16-warp 256x64: 256 bytes).
 NLOOP_TILES = tuple(t for t in INDEXED_WS_TILES if t[2] == 8)
+#: N-loop tiles whose blocks with no route in their second half run the half-row tile
+#: (`_w4a16_indexed_nloop_kernel` HALF_TAIL): Kimi TP8 down at 8192 tokens has 171 routes an
+#: expert, so every other 128-row block holds ~43. Not the 32-row block: the second main loop
+#: takes it from 124 registers to 176 (compile tier), one CTA an SM instead of two; nor the
+#: 16-row one (its 8-row half would copy each row twice, `_gather_layout` at 8 warps).
+NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] >= 64)
 
 
 #: The four-warpgroup (256 weight rows) tiles run one CTA an SM; below two waves of programs
@@ -2040,6 +2071,14 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
             "HALF_ACTS": _half_acts(tile, warp_specialize, "indexed")}
 
 
+def _nloop_constexprs(tile) -> dict:
+    """The N-loop kernel's gather layouts and tail constexpr for `tile` (launcher and compile tier)."""
+    bw, br, warps, stages = tile
+    half = tuple(tile) in NLOOP_HALF_TAIL_TILES
+    return {"X_LAYOUT": _gather_layout(br, warps), "HALF_TAIL": half,
+            "X_HALF_LAYOUT": _gather_layout(br // 2, warps) if half else None}
+
+
 def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
     """The ptxas register cap of a register-A launch (launchers and compile tier): a group-loop
     tile's (`GROUP_LOOP_MAXNREG`), else the grouped kernel's (`GROUPED_MAXNREG`), else none."""
@@ -2073,8 +2112,8 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         _w4a16_indexed_nloop_kernel[(blocks * chunks,)](
             a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
             w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
-            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, X_LAYOUT=_gather_layout(br, warps),
-            N_TILES=NLOOP_N_TILES, num_warps=warps)
+            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_TILES=NLOOP_N_TILES, num_warps=warps,
+            **_nloop_constexprs(tile))
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
@@ -2212,10 +2251,10 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"w4a16_indexed_sm90_nloop[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
                 _w4a16_indexed_nloop_kernel,
-                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, **descs(bw), "X_LAYOUT": "constexpr",
-                 "N_TILES": "constexpr"},
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "X_LAYOUT": _gather_layout(br, warps),
-                 "N_TILES": NLOOP_N_TILES, "num_warps": warps},
+                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, **descs(bw), "N_TILES": "constexpr",
+                 **{k: "constexpr" for k in _nloop_constexprs((bw, br, warps, stages))}},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_TILES": NLOOP_N_TILES, "num_warps": warps,
+                 **_nloop_constexprs((bw, br, warps, stages))},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
                 unaligned=("N", "K", "num_routes", "top_k")))
     return cfgs
