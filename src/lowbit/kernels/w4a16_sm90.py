@@ -1601,14 +1601,18 @@ def _w4a16_indexed_nloop_kernel(
     chunks = gl.cdiv(nt, N_TILES)
     pid_m = gl.program_id(0) // chunks
     t0 = (gl.program_id(0) % chunks) * N_TILES
+    ids_ptr = sorted_ids_ptr + pid_m * BR
+    if HALF_TAIL:  # the ids of the block's slots past BR / 2, loaded beside the block's expert (one
+        # latency, not two; the routing buffer holds every launched block), read whole by every
+        # warp (a warp's reduction, no CTA barrier before the first weight TMA)
+        tail_l: gl.constexpr = gl.BlockedLayout([max(BR // 64, 1)], [32], [num_warps], [0])
+        tail = gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l))
     e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
     count = gl.minimum(nt - t0, N_TILES)
-    ids_ptr = sorted_ids_ptr + pid_m * BR
-    if HALF_TAIL:  # which of the block's slots past BR / 2 hold a route
-        tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        half_free = gl.min(gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l)), axis=0) >= num_routes
+    if HALF_TAIL:
+        half_free = gl.min(tail, axis=0) >= num_routes
     else:
         half_free = False
     if HALF_TAIL and half_free:  # no route in the second half
