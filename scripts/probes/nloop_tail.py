@@ -22,7 +22,7 @@ from lowbit.bench.cases import build_problem, make_weight, select_cases
 from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as base
 
-_TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] >= 64)"
+_TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)"
 MODS = {"kernel": base, "notail": v.variant("notail", [(_TABLE, "NLOOP_HALF_TAIL_TILES = ()")])}
 
 

@@ -329,7 +329,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, half_acts_note, runs_nloop, tail_rows
+    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, half_acts_note, nloop_tail_rows, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -343,6 +343,9 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
         variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
+        if tail := nloop_tail_rows(tile):
+            variant += (f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 TP8 8192 tokens "
+                        "down: 1.14x)")
     elif tail := tail_rows(tile, engine, "indexed"):
         measured = ("384 tokens: 1.03-1.06x" if engine == "gluon_ws"
                     else "384 / 512 tokens: 1.04-1.10x" if cfg.block_m == 64 else "1024 tokens: 1.09x")

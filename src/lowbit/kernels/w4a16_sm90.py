@@ -63,7 +63,8 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   bound the tile (128-row blocks, masked) that is 1.04-1.18x (H200, seventeenth session).
 - **N loop** (`_w4a16_indexed_nloop_kernel`, indexed, K of one 256-wide step: Kimi TP8 down):
   one program gathers its routed rows once and runs eight weight tiles over them, the next
-  tiles' words in the TMA ring, each tile stored as it retires.
+  tiles' words in the TMA ring, each tile stored as it retires; a 128-row block with no route in
+  its second half runs the 64-row copy (`NLOOP_HALF_TAIL_TILES`).
 - **Shared-memory** (engine ``gluon``; `_w4a16_grouped_sm90_kernel`,
   `_w4a16_indexed_sm90_kernel`): dequantized weights stored into two sets of eight
   ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step; its indexed
@@ -104,8 +105,8 @@ from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_s
                            dequant_group_subnormal_ptx, scale_factors_ptx)
 
 __all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "WS_TAIL_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
-           "GLUON_SPLIT_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
-           "split_tile_rows", "tail_rows", "half_acts_note", "wide_tile_pays", "masked_row_slots",
+           "GLUON_SPLIT_TILES", "NLOOP_HALF_TAIL_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
+           "split_tile_rows", "tail_rows", "nloop_tail_rows", "half_acts_note", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
 #: (weight rows, activation rows, num_warps, stages): one warpgroup, 64 weight rows on the
@@ -1678,11 +1679,15 @@ NLOOP_N_TILES = 8
 #: the 16-warp 256x64: 256 bytes).
 NLOOP_TILES = tuple(t for t in INDEXED_WS_TILES if t[2] == 8)
 #: N-loop tiles whose blocks with no route in their second half run the half-row tile
-#: (`_w4a16_indexed_nloop_kernel` HALF_TAIL): Kimi TP8 down at 8192 tokens has 171 routes an
-#: expert, so every other 128-row block holds ~43. Not the 32-row block: the second main loop
-#: takes it from 124 registers to 176 (compile tier), one CTA an SM instead of two; nor the
-#: 16-row one (its 8-row half would copy each row twice, `_gather_layout` at 8 warps).
-NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] >= 64)
+#: (`_w4a16_indexed_nloop_kernel` HALF_TAIL): the 128-row block. Kimi TP8 down at 8192 tokens has
+#: 171 routes an expert, so every other block holds ~43. H200, twenty-seventh session
+#: (`scripts/probes/nloop_tail.py`, one process, interleaved, bit-identical, us, no tail -> tail):
+#: the bench's ``tp8_indexed_t8192`` down 878.8 -> 770.0 and 884.9 -> 776.8 (1.14x, two calls).
+#: Not the 64-row block: TP8 down at 4096 tokens (tok_e 85, tails common) 549.0 -> 526.0 but at
+#: 2048 (tok_e 43, tails rare) 283.6 -> 295.1, where most of its tok_e range lies; nor the 32-row
+#: one (the second main loop takes it from 124 registers to 176, compile tier: one CTA an SM
+#: instead of two), nor the 16-row one (its 8-row half copies each row twice, `_gather_layout`).
+NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)
 
 
 #: The four-warpgroup (256 weight rows) tiles run one CTA an SM; below two waves of programs
@@ -2045,6 +2050,12 @@ def tail_rows(tile, engine: str, family: str) -> int:
         return _split_rows(tile[1])[0]
     half = HALF_TAIL_TILES if engine == "gluon_rs" else WS_TAIL_TILES
     return tile[1] // 2 if tile in half.get(family, ()) else 0
+
+
+def nloop_tail_rows(tile) -> int:
+    """The rows of the half-row tile that an N-loop block of `tile` (`runs_nloop`) whose second
+    half holds no route runs instead (`NLOOP_HALF_TAIL_TILES`), 0 if none."""
+    return tile[1] // 2 if tuple(tile) in NLOOP_HALF_TAIL_TILES else 0
 
 
 def _group_loop(tile, warp_specialize: bool) -> bool:
