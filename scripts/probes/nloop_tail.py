@@ -8,7 +8,8 @@ Kimi TP8 down (384 experts, N 7168, K 256: one K step, the N-loop kernel) throug
 `w4a16_indexed` with its heuristics' tile: the bench's ``tp8_indexed_t8192`` draw (171 routes an
 expert: 128-row blocks, every other one ~43 routes), then random draws at 2048 / 4096 tokens
 (64-row blocks) and 1024 (32-row blocks: no tail, a control). The "notail" variant
-(`variants.py` text edit) empties the table. One process, interleaved CUDA-graph replays behind
+(`variants.py` text edit) empties the table; "ntN" loops over N weight tiles a program
+(`NLOOP_N_TILES`, 8) instead: fewer programs, each gathering its rows once for more tiles. One process, interleaved CUDA-graph replays behind
 an L2 flush; outputs compared bit for bit ("!" marks a difference)."""
 import os
 import sys
@@ -23,7 +24,9 @@ from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as base
 
 _TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)"
-MODS = {"kernel": base, "notail": v.variant("notail", [(_TABLE, "NLOOP_HALF_TAIL_TILES = ()")])}
+_CHUNK = "NLOOP_N_TILES = 8\n"
+MODS = {"kernel": base, "notail": v.variant("notail", [(_TABLE, "NLOOP_HALF_TAIL_TILES = ()")]),
+        **{f"nt{n}": v.variant(f"nt{n}", [(_CHUNK, f"NLOOP_N_TILES = {n}\n")]) for n in (14, 28, 56)}}
 
 
 def main() -> None:
