@@ -113,6 +113,43 @@ def test_reference_refuses_a_block_with_no_route(gen):
         reference.w4a16_indexed_ref(a, wq, sorted_ids, expert_ids, r.num_tokens_post_padded + 4, 1)
 
 
+def test_nloop_tiles_a_program_follow_the_grid():
+    """The N-loop kernel's tiles a program (`nloop_n_tiles`): the measured best at Kimi TP8 down's
+    bench sizes, the fewest (8) on a decode grid, never more than the row-tile cap."""
+    from lowbit.kernels.w4a16_sm90 import NLOOP_MAX_ROW_TILES, NLOOP_N_TILES, nloop_n_tiles
+
+    for tokens, block, best in ((8192, 128, 28), (4096, 64, 56), (2048, 64, 56), (1024, 32, 28), (20, 16, 8)):
+        assert nloop_n_tiles(block, tokens * 8, 384, 7168) == best, (tokens, block)
+    for block in (16, 32, 64, 128):
+        for routes in (8, 1000, 10 ** 5, 10 ** 7):
+            chunk = nloop_n_tiles(block, routes, 384, 7168)
+            assert chunk in NLOOP_N_TILES and (block * chunk <= NLOOP_MAX_ROW_TILES or chunk == NLOOP_N_TILES[-1])
+    assert nloop_n_tiles(32, 8192, 384, 7168, num_sms=264) < nloop_n_tiles(32, 8192, 384, 7168)  # more SMs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", sorted({t for t in INDEXED_WS_TILES if t[2] == 8}))
+def test_nloop_long_programs_match_reference(tile, gen, monkeypatch):
+    """The N loop with as many tiles a program as `nloop_n_tiles` allows (its wave floor lifted,
+    so a small grid takes 28-56 tiles a program): one K step, N tiles past a chunk, experts of
+    ~150 rows (full blocks and half tails) and a hot expert with routing weights."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the N loop is the sm_90 kernel")
+    from lowbit.kernels import w4a16_sm90
+
+    monkeypatch.setattr(w4a16_sm90, "NLOOP_MIN_WAVES", 0)
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(tile[0]))
+    monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(tile[3]))
+    assert w4a16_sm90.nloop_n_tiles(tile[1], 300, 2, 7200) >= 28
+    for e, n, t, hot in ((2, 7200, 150, None), (3, 4104, 40, 1)):  # 57 / 33 N tiles of 128
+        wq, pw, a, ids = _problem(e, n, 256, t, 2, gen, "cuda", hot=hot)
+        assert "N-loop" in w4a16_indexed_config(2 * t, e, n, 256, block_m=tile[1]).reason
+        tw = random_topk_weights(t, 2, generator=gen).cuda() if hot is not None else None
+        out, ref = _check(a, wq, pw, ids, tile[1], 2, "cuda", topk_weights=tw, over_alloc=2)
+        assert_close(out.float(), ref, "bf16_out", f"N loop {tile}, E{e} N{n} T{t}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block,engine", [(b, "gluon") for b in BLOCKS]
                          + [(b, "gluon_rs") for b in sorted({t[1] for t in INDEXED_RS_TILES})]

@@ -7,9 +7,9 @@ a benchmark.
 Kimi TP8 down (384 experts, N 7168, K 256: one K step, the N-loop kernel) through
 `w4a16_indexed` with its heuristics' tile: the bench's ``tp8_indexed_t8192`` draw (171 routes an
 expert: 128-row blocks, every other one ~43 routes), then random draws at 2048 / 4096 tokens
-(64-row blocks) and 1024 (32-row blocks: no tail, a control). The "notail" variant
+(64-row blocks), 1024 (32-row blocks: no tail) and 512 / 128 / 32 (16-row blocks). The "notail" variant
 (`variants.py` text edit) empties the table; "ntN" loops over N weight tiles a program
-(`NLOOP_N_TILES`, 8) instead: fewer programs, each gathering its rows once for more tiles. One process, interleaved CUDA-graph replays behind
+whatever the grid (the kernel: `nloop_n_tiles` picks from `NLOOP_N_TILES`; 8 before). One process, interleaved CUDA-graph replays behind
 an L2 flush; outputs compared bit for bit ("!" marks a difference)."""
 import os
 import sys
@@ -24,9 +24,9 @@ from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as base
 
 _TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)"
-_CHUNK = "NLOOP_N_TILES = 8\n"
+_CHUNK = "NLOOP_N_TILES = (56, 28, 14, 8)\n"
 MODS = {"kernel": base, "notail": v.variant("notail", [(_TABLE, "NLOOP_HALF_TAIL_TILES = ()")]),
-        **{f"nt{n}": v.variant(f"nt{n}", [(_CHUNK, f"NLOOP_N_TILES = {n}\n")]) for n in (14, 28, 56)}}
+        **{f"nt{n}": v.variant(f"nt{n}", [(_CHUNK, f"NLOOP_N_TILES = ({n},)\n")]) for n in (8, 14, 28, 56)}}
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     p = build_problem(case, "down", "cuda")
     draws = [("tp8_indexed_t8192 down", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32))]
     w = pack_w4a16(make_weight(384, 7168, 256, "cuda"))
-    for t in (4096, 2048, 1024):
+    for t in (4096, 2048, 1024, 512, 128, 32):
         ids = torch.stack([torch.randperm(384, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
         a = torch.randn(t * 8, 256, generator=gen, device="cuda").to(torch.bfloat16)
         draws.append((f"TP8 down t{t}", a, w, ids))

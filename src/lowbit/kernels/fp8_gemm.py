@@ -56,7 +56,7 @@ import triton.language as tl
 
 from ..formats.fp8 import e8m0_decode
 from . import numerics
-from .sm90 import H200_NUM_SMS, is_sm90_native, require_sm90, tma_problem
+from .sm90 import H200_NUM_SMS, is_sm90_native, num_sms, require_sm90, tma_problem
 from .tuning import apply_env_overrides, env_key, override_names, overridden
 
 __all__ = [
@@ -193,12 +193,6 @@ class BlockScaledConfig:
 _FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "engine")
 #: The tuning overrides read by `fp8_gemm_config` (each is part of the memo key).
 ENV_OVERRIDES = override_names("FP8_GEMM", _FIELDS)
-
-
-def num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H200_NUM_SMS
 
 
 def decode_tile(m: int) -> tuple[int, int, str]:

@@ -3,15 +3,30 @@ launchers (`fp8_gemm`, `w4a16_indexed`, `w4a16_grouped`) refuse the same things 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from .._env import interpreter_active
 
-__all__ = ["H200_NUM_SMS", "is_sm90_native", "require_sm90", "tma_problem"]
+__all__ = ["H200_NUM_SMS", "is_sm90_native", "num_sms", "require_sm90", "tma_problem"]
 
 #: SMs of the H200 (the first target): what the heuristics size grids for when no CUDA device is
 #: visible, or when a rule was measured there.
 H200_NUM_SMS = 132
+
+
+@lru_cache(maxsize=64)
+def _device_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """The SMs a grid on `device` spreads over: the GPU's, or `H200_NUM_SMS` off CUDA (a heuristic's
+    answer must not depend on whether a GPU is visible)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _device_sms(device)
+    return H200_NUM_SMS
 
 
 def is_sm90_native(device: torch.device) -> bool:

@@ -71,6 +71,7 @@ import triton
 import triton.language as tl
 
 from . import numerics, tuning
+from .sm90 import num_sms
 
 __all__ = [
     "sparse_attn",
@@ -258,9 +259,6 @@ TILE_TABLE: dict[int, tuple[int, int, int, bool]] = {
     64: (64, 8, 2, False),
 }
 
-#: H200 streaming multiprocessors, used to size the grid when no CUDA device is visible.
-_DEFAULT_SMS = 132
-
 _OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab", "split_kv", "engine")
 
 #: ``LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM`` ... : tuning overrides, each part of the memo key.
@@ -327,14 +325,6 @@ def _table_config(ht: int, why: str) -> SparseAttnConfig:
     return SparseAttnConfig(ht, bk, warps, stages, swap, reason=why)
 
 
-@lru_cache(maxsize=64)
-def _sm_count(device: str) -> int:
-    dev = torch.device(device)
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(dev).multi_processor_count
-    return _DEFAULT_SMS
-
-
 #: KV slots a split share keeps at least (8 blocks of 64): the combine kernel's FP32 shares
 #: (``splits * H * 2 KB`` a query) must stay small beside the gathered rows (2048 slots: 2 MB).
 _MIN_SLOTS_PER_SPLIT = 512
@@ -378,7 +368,7 @@ def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu
     memoized per (queries, heads, top-k, SM count, `gluon`) and the ``LOWBIT_SPARSE_ATTN_*``
     overrides (`ENV_OVERRIDES`: HEADS_PER_PROGRAM, BLOCK_KV, NUM_WARPS, NUM_STAGES, SWAP_AB,
     SPLIT_KV, ENGINE). gluon: the Gluon engine may run (`gluon_capable`); it is then the default."""
-    return _config_cached(b * s, h, topk, _sm_count(str(device)), _env_key(), gluon)
+    return _config_cached(b * s, h, topk, num_sms(torch.device(device)), _env_key(), gluon)
 
 
 def gluon_capable(q: torch.Tensor, kv: torch.Tensor) -> bool:

@@ -329,7 +329,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import NLOOP_N_TILES, group_loop_tile, half_acts_note, nloop_tail_rows, runs_nloop, tail_rows
+    from .w4a16_sm90 import group_loop_tile, half_acts_note, nloop_tail_rows, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -342,7 +342,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     bw, _, warps, stages = tile
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
-        variant = f"; K <= 256 (one step): the N-loop kernel, {NLOOP_N_TILES} weight tiles a program"
+        variant = "; K <= 256 (one step): the N-loop kernel, 8-56 weight tiles a program by the grid (nloop_n_tiles)"
         if tail := nloop_tail_rows(tile):
             variant += (f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 TP8 8192 tokens "
                         "down: 1.14x)")

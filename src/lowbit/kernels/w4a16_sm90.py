@@ -100,12 +100,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..routing.layouts import live_block_bound
 from .pdl import gl_release_next, gl_wait_prior, launch_options
-from .sm90 import H200_NUM_SMS
+from .sm90 import H200_NUM_SMS, num_sms
 from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_subnormal_ptx,
                            dequant_group_subnormal_ptx, scale_factors_ptx)
 
 __all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "WS_TAIL_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
-           "GLUON_SPLIT_TILES", "NLOOP_HALF_TAIL_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
+           "GLUON_SPLIT_TILES", "NLOOP_HALF_TAIL_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "nloop_n_tiles", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
            "split_tile_rows", "tail_rows", "nloop_tail_rows", "half_acts_note", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
@@ -1585,12 +1585,12 @@ def _w4a16_indexed_rs_kernel(
 def _w4a16_indexed_nloop_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
-    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
-    N_TILES: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
+    n_tiles, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
+    HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The register-A indexed kernel for a K of one 256-wide step (K <= 256; Kimi TP8 down has
-    K = 256): one program gathers its routing block's rows once and loops over N_TILES weight
-    tiles (N tiles ``t0 ..``; `_nloop_block`). With one K step a tile,
+    K = 256): one program gathers its routing block's rows once and loops over `n_tiles` weight
+    tiles (N tiles ``t0 ..``; `_nloop_block`; `nloop_n_tiles` picks how many). With one K step a tile,
     `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing block, N tile)
     program re-gathers the same rows and only one program an SM runs (registers).
     HALF_TAIL: a block whose second half holds no route (an expert's last block) runs the
@@ -1599,9 +1599,9 @@ def _w4a16_indexed_nloop_kernel(
     chunks fastest."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     nt = gl.cdiv(N, BW)
-    chunks = gl.cdiv(nt, N_TILES)
+    chunks = gl.cdiv(nt, n_tiles)
     pid_m = gl.program_id(0) // chunks
-    t0 = (gl.program_id(0) % chunks) * N_TILES
+    t0 = (gl.program_id(0) % chunks) * n_tiles
     ids_ptr = sorted_ids_ptr + pid_m * BR
     if HALF_TAIL:  # the ids of the block's slots past BR / 2, loaded beside the block's expert (one
         # latency, not two; the routing buffer holds every launched block), read whole by every
@@ -1611,7 +1611,7 @@ def _w4a16_indexed_nloop_kernel(
     e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
-    count = gl.minimum(nt - t0, N_TILES)
+    count = gl.minimum(nt - t0, n_tiles)
     if HALF_TAIL:
         half_free = gl.min(tail, axis=0) >= num_routes
     else:
@@ -1670,10 +1670,20 @@ def _nloop_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, t0, count
         mbarrier.invalidate(wready.index(i))
 
 
-#: N tiles a program of `_w4a16_indexed_nloop_kernel` loops over: the routed rows are gathered
-#: once per this many weight tiles, and Kimi TP8 down (56 tiles of 128) still has ~7 programs
-#: a routing block to spread over the SMs.
-NLOOP_N_TILES = 8
+#: N tiles a program of `_w4a16_indexed_nloop_kernel` may loop over (`nloop_n_tiles` picks one by
+#: the grid): a program gathers its routed rows once for them, so more tiles a program
+#: amortize the gather and the ring's fill (about a tile and a half of work), fewer keep more
+#: programs to spread over the SMs. 8: the fewest (decode: Kimi TP8 down's 56 tiles of 128 in
+#: seven programs a routing block).
+NLOOP_N_TILES = (56, 28, 14, 8)
+#: A program's tiles times its routing block's rows at most: long programs leave the last wave
+#: uneven (the 128-row block's half-tail programs run half as long).
+NLOOP_MAX_ROW_TILES = 128 * 28
+#: Waves of programs (over the SMs times `NLOOP_CTAS_PER_SM`) the grid must keep.
+NLOOP_MIN_WAVES = 2.5
+#: CTAs an SM of each N-loop routing block's tile, by its registers (compile tier: 16 / 32 rows
+#: 112-124 registers, 64 / 128 rows 150-178, at 256 threads).
+NLOOP_CTAS_PER_SM = {16: 2, 32: 2, 64: 1, 128: 1}
 #: The register-A tiles that run as `_w4a16_indexed_nloop_kernel` when K is one step: the
 #: two-warpgroup ones (the 4-warp tiles spill in the N loop: 255 registers, compile tier; so does
 #: the 16-warp 256x64: 256 bytes).
@@ -1770,6 +1780,25 @@ def runs_nloop(tile: tuple, k: int) -> bool:
     """Whether a register-A indexed `tile` runs as the N-loop kernel for this K (one 256-wide
     step, a two-warpgroup tile): the launcher's rule, which the heuristics' reason reports."""
     return k <= 256 and tuple(tile) in NLOOP_TILES
+
+
+def nloop_n_tiles(block_m: int, num_routes: int, num_experts: int, n: int, bw: int = 128,
+                  num_sms: int = H200_NUM_SMS) -> int:
+    """N tiles a program of the N-loop kernel loops over (`NLOOP_N_TILES`): the most whose
+    program keeps at most `NLOOP_MAX_ROW_TILES` (rows x tiles) and whose grid keeps
+    `NLOOP_MIN_WAVES` waves, for about ``num_routes / block_m + num_experts / 2`` routing blocks
+    (half a block of padding an expert) over N outputs in tiles of `bw` rows; the fewest if
+    none does. H200, twenty-seventh session (`scripts/probes/nloop_tail.py`, Kimi TP8 down, one
+    process, interleaved, bit-identical, us, 8 / 14 / 28 / 56 tiles a program): 8192 tokens
+    (128-row blocks) 772.3 / 724.2 / 711.9 / 733.5; 4096 (64-row) 548.8 / 514.6 / 495.5 / 491.1;
+    2048 (64-row) 282.0 / 261.6 / 248.7 / 243.9; 1024 (32-row) 170.0 / 164.5 / 157.1 / 193.1."""
+    blocks = num_routes / block_m + min(num_experts, num_routes) / 2
+    slots = num_sms * NLOOP_CTAS_PER_SM.get(block_m, 1)
+    tiles = triton.cdiv(n, bw)
+    for chunk in NLOOP_N_TILES:
+        if block_m * chunk <= NLOOP_MAX_ROW_TILES and blocks * triton.cdiv(tiles, chunk) >= NLOOP_MIN_WAVES * slots:
+            return chunk
+    return NLOOP_N_TILES[-1]
 
 
 def _gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.BlockedLayout:
@@ -2123,12 +2152,12 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     w_desc, s_desc = _weight_descs(w, bw)
     blocks = live_block_bound(expert_ids.numel(), a.shape[0] * top_k)  # no program for the over-allocation
     if regs_a and runs_nloop(tile, w.k):
-        chunks = triton.cdiv(triton.cdiv(w.n, bw), NLOOP_N_TILES)
+        n_tiles = nloop_n_tiles(br, a.shape[0] * top_k, w.num_experts, w.n, bw, num_sms(a.device))
+        chunks = triton.cdiv(triton.cdiv(w.n, bw), n_tiles)
         _w4a16_indexed_nloop_kernel[(blocks * chunks,)](
             a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-            w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
-            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_TILES=NLOOP_N_TILES, num_warps=warps,
-            **_nloop_constexprs(tile))
+            w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0), n_tiles,
+            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps, **_nloop_constexprs(tile))
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
@@ -2266,9 +2295,9 @@ def compile_configs():
             cfgs.append(KernelConfig(
                 f"w4a16_indexed_sm90_nloop[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
                 _w4a16_indexed_nloop_kernel,
-                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, **descs(bw), "N_TILES": "constexpr",
-                 **{k: "constexpr" for k in _nloop_constexprs((bw, br, warps, stages))}},
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_TILES": NLOOP_N_TILES, "num_warps": warps,
+                {**{k: v for k, v in isig.items() if k not in ("N_FASTEST", "BR")}, **descs(bw), "n_tiles": "i32",
+                 "BR": "constexpr", **{k: "constexpr" for k in _nloop_constexprs((bw, br, warps, stages))}},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps,
                  **_nloop_constexprs((bw, br, warps, stages))},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
                 unaligned=("N", "K", "num_routes", "top_k")))
