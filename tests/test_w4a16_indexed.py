@@ -118,7 +118,8 @@ def test_nloop_tiles_a_program_follow_the_grid():
     bench sizes, the fewest (8) on a decode grid, never more than the row-tile cap."""
     from lowbit.kernels.w4a16_sm90 import NLOOP_MAX_ROW_TILES, NLOOP_N_TILES, nloop_n_tiles
 
-    for tokens, block, best in ((8192, 128, 28), (4096, 64, 56), (2048, 64, 56), (1024, 32, 28), (20, 16, 8)):
+    for tokens, block, best in ((8192, 128, 28), (4096, 64, 56), (2048, 64, 56), (1024, 32, 28), (32, 16, 14),
+                                (20, 16, 8)):
         assert nloop_n_tiles(block, tokens * 8, 384, 7168) == best, (tokens, block)
     for block in (16, 32, 64, 128):
         for routes in (8, 1000, 10 ** 5, 10 ** 7):

@@ -1679,8 +1679,9 @@ NLOOP_N_TILES = (56, 28, 14, 8)
 #: A program's tiles times its routing block's rows at most: long programs leave the last wave
 #: uneven (the 128-row block's half-tail programs run half as long).
 NLOOP_MAX_ROW_TILES = 128 * 28
-#: Waves of programs (over the SMs times `NLOOP_CTAS_PER_SM`) the grid must keep.
-NLOOP_MIN_WAVES = 2.5
+#: Waves of programs (over the SMs times `NLOOP_CTAS_PER_SM`) the grid must keep (`nloop_n_tiles`
+#: has the measurements: 1.4-1.7 waves lost 7-23%, 2.2 gained 5% at TP8 32 tokens).
+NLOOP_MIN_WAVES = 2.0
 #: CTAs an SM of each N-loop routing block's tile, by its registers (compile tier: 16 / 32 rows
 #: 112-124 registers, 64 / 128 rows 150-178, at 256 threads).
 NLOOP_CTAS_PER_SM = {16: 2, 32: 2, 64: 1, 128: 1}
@@ -1789,9 +1790,11 @@ def nloop_n_tiles(block_m: int, num_routes: int, num_experts: int, n: int, bw: i
     `NLOOP_MIN_WAVES` waves, for about ``num_routes / block_m + num_experts / 2`` routing blocks
     (half a block of padding an expert) over N outputs in tiles of `bw` rows; the fewest if
     none does. H200, twenty-seventh session (`scripts/probes/nloop_tail.py`, Kimi TP8 down, one
-    process, interleaved, bit-identical, us, 8 / 14 / 28 / 56 tiles a program): 8192 tokens
-    (128-row blocks) 772.3 / 724.2 / 711.9 / 733.5; 4096 (64-row) 548.8 / 514.6 / 495.5 / 491.1;
-    2048 (64-row) 282.0 / 261.6 / 248.7 / 243.9; 1024 (32-row) 170.0 / 164.5 / 157.1 / 193.1."""
+    process, interleaved, bit-identical, us, 8 / 14 / 28 / 56 tiles a program, call 5): 8192
+    tokens (128-row blocks) 779.0 / 737.2 / 721.3 / 738.7; 4096 (64-row) 556.7 / 520.5 / 499.4 /
+    493.6; 2048 (64-row) 287.7 / 264.4 / 250.2 / 245.1; 1024 (32-row) 171.1 / 166.0 / 158.0 /
+    194.3; 512 (16-row) 149.8 / 143.5 / 146.9 / 157.5; 128 132.5 / 125.7 / 123.0 / 140.0; 32 74.3
+    / 70.4 / 81.9 / 79.4 (call 4 agrees within 2% at 1024-8192)."""
     blocks = num_routes / block_m + min(num_experts, num_routes) / 2
     slots = num_sms * NLOOP_CTAS_PER_SM.get(block_m, 1)
     tiles = triton.cdiv(n, bw)
