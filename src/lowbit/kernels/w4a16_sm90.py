@@ -82,6 +82,7 @@ depth in the PTX, no spills).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -105,7 +106,7 @@ from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_s
                            dequant_group_subnormal_ptx, scale_factors_ptx)
 
 __all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "WS_TAIL_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
-           "GLUON_SPLIT_TILES", "NLOOP_HALF_TAIL_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "nloop_n_tiles", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
+           "GLUON_SPLIT_TILES", "NLOOP_HALF_TAIL_TILES", "NLOOP_N_TILES", "NLOOP_TILES", "nloop_n_tiles", "nloop_tile_counts", "WIDE_TILE_MIN_PROGRAMS", "compile_configs", "runs_nloop",
            "split_tile_rows", "tail_rows", "nloop_tail_rows", "half_acts_note", "wide_tile_pays", "masked_row_slots",
            "w4a16_grouped_sm90_launch", "w4a16_grouped_split_launch", "w4a16_indexed_sm90_launch"]
 
@@ -1585,12 +1586,13 @@ def _w4a16_indexed_rs_kernel(
 def _w4a16_indexed_nloop_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
-    n_tiles, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
-    HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
+    BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, X_LAYOUT: gl.constexpr,
+    N_TILES: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The register-A indexed kernel for a K of one 256-wide step (K <= 256; Kimi TP8 down has
-    K = 256): one program gathers its routing block's rows once and loops over `n_tiles` weight
-    tiles (N tiles ``t0 ..``; `_nloop_block`; `nloop_n_tiles` picks how many). With one K step a tile,
+    K = 256): one program gathers its routing block's rows once and loops over N_TILES weight
+    tiles (N tiles ``t0 ..``; `_nloop_block`; `nloop_n_tiles` picks how many: a constexpr, since
+    a runtime count cost the 32-row tile 3-13 registers, one CTA an SM with routing weights). With one K step a tile,
     `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing block, N tile)
     program re-gathers the same rows and only one program an SM runs (registers).
     HALF_TAIL: a block whose second half holds no route (an expert's last block) runs the
@@ -1599,9 +1601,9 @@ def _w4a16_indexed_nloop_kernel(
     chunks fastest."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     nt = gl.cdiv(N, BW)
-    chunks = gl.cdiv(nt, n_tiles)
+    chunks = gl.cdiv(nt, N_TILES)
     pid_m = gl.program_id(0) // chunks
-    t0 = (gl.program_id(0) % chunks) * n_tiles
+    t0 = (gl.program_id(0) % chunks) * N_TILES
     ids_ptr = sorted_ids_ptr + pid_m * BR
     if HALF_TAIL:  # the ids of the block's slots past BR / 2, loaded beside the block's expert (one
         # latency, not two; the routing buffer holds every launched block), read whole by every
@@ -1611,7 +1613,7 @@ def _w4a16_indexed_nloop_kernel(
     e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
-    count = gl.minimum(nt - t0, n_tiles)
+    count = gl.minimum(nt - t0, N_TILES)
     if HALF_TAIL:
         half_free = gl.min(tail, axis=0) >= num_routes
     else:
@@ -1798,10 +1800,16 @@ def nloop_n_tiles(block_m: int, num_routes: int, num_experts: int, n: int, bw: i
     blocks = num_routes / block_m + min(num_experts, num_routes) / 2
     slots = num_sms * NLOOP_CTAS_PER_SM.get(block_m, 1)
     tiles = triton.cdiv(n, bw)
-    for chunk in NLOOP_N_TILES:
-        if block_m * chunk <= NLOOP_MAX_ROW_TILES and blocks * triton.cdiv(tiles, chunk) >= NLOOP_MIN_WAVES * slots:
+    for chunk in nloop_tile_counts(block_m):
+        if blocks * triton.cdiv(tiles, chunk) >= NLOOP_MIN_WAVES * slots:
             return chunk
     return NLOOP_N_TILES[-1]
+
+
+def nloop_tile_counts(block_m: int) -> tuple[int, ...]:
+    """The tiles a program (`NLOOP_N_TILES`) a routing block of `block_m` rows may run in the N-loop
+    kernel, most first: each a compiled variant, at most `NLOOP_MAX_ROW_TILES` rows x tiles."""
+    return tuple(c for c in NLOOP_N_TILES if block_m * c <= NLOOP_MAX_ROW_TILES or c == NLOOP_N_TILES[-1])
 
 
 def _gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.BlockedLayout:
@@ -2159,8 +2167,9 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         chunks = triton.cdiv(triton.cdiv(w.n, bw), n_tiles)
         _w4a16_indexed_nloop_kernel[(blocks * chunks,)](
             a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-            w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0), n_tiles,
-            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, num_warps=warps, **_nloop_constexprs(tile))
+            w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
+            BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_TILES=n_tiles, num_warps=warps,
+            **_nloop_constexprs(tile))
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
@@ -2293,14 +2302,15 @@ def compile_configs():
             expect_ptx=("wgmma.wait_group.sync.aligned 0", "griddepcontrol.wait", "griddepcontrol.launch_dependents"),
             maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
             unaligned=("N", "K", "num_routes", "top_k")))
-    for bw, br, warps, stages in NLOOP_TILES:
-        for mul in (False, True):
+    for (bw, br, warps, stages), mul in itertools.product(NLOOP_TILES, (False, True)):
+        for n_tiles in nloop_tile_counts(br):
             cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_nloop[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
+                f"w4a16_indexed_sm90_nloop[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)},"
+                f"N_TILES={n_tiles}]",
                 _w4a16_indexed_nloop_kernel,
-                {**{k: v for k, v in isig.items() if k not in ("N_FASTEST", "BR")}, **descs(bw), "n_tiles": "i32",
-                 "BR": "constexpr", **{k: "constexpr" for k in _nloop_constexprs((bw, br, warps, stages))}},
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "num_warps": warps,
+                {**{k: v for k, v in isig.items() if k != "N_FASTEST"}, **descs(bw), "N_TILES": "constexpr",
+                 **{k: "constexpr" for k in _nloop_constexprs((bw, br, warps, stages))}},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_TILES": n_tiles, "num_warps": warps,
                  **_nloop_constexprs((bw, br, warps, stages))},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
                 unaligned=("N", "K", "num_routes", "top_k")))
