@@ -27,8 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
-from lowbit.bench.cases import build_problem, make_weight, select_cases
-from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.bench.cases import build_problem, select_cases
 from lowbit.kernels import w4a16_sm90 as base
 
 _TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
@@ -40,19 +39,8 @@ E, H, I = 48, 7168, 2048
 
 
 def gemm() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    draws = []
-    case = select_cases(["ep8_indexed_t256"])[0]
-    for proj in ("gate_up", "down"):
-        p = build_problem(case, proj, "cuda")
-        draws.append((f"ep8_indexed_t256 {proj}", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32)))
-    for proj, n, k in (("gate_up", 2 * I, H), ("down", H, I)):
-        w = pack_w4a16(make_weight(E, n, k, "cuda"))
-        for t in (96, 160, 192, 384, 512):
-            ids = torch.stack([torch.randperm(E, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
-            a = torch.randn(t if proj == "gate_up" else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
-            draws.append((f"t{t} {proj}", a, w, ids))
-    v.compare_indexed(MODS, draws)
+    v.compare_indexed(MODS, v.indexed_draws("ep8_indexed_t256", (96, 160, 192, 384, 512), E,
+                                            {"gate_up": (2 * I, H), "down": (H, I)}, seed=5))
 
 
 def _masked_draws(names):

@@ -14,13 +14,9 @@ an L2 flush; outputs compared bit for bit ("!" marks a difference)."""
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
-from lowbit.bench.cases import build_problem, make_weight, select_cases
-from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels import w4a16_sm90 as base
 
 _TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)"
@@ -30,16 +26,8 @@ MODS = {"kernel": base, "notail": v.variant("notail", [(_TABLE, "NLOOP_HALF_TAIL
 
 
 def main() -> None:
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    case = select_cases(["tp8_indexed_t8192"])[0]
-    p = build_problem(case, "down", "cuda")
-    draws = [("tp8_indexed_t8192 down", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32))]
-    w = pack_w4a16(make_weight(384, 7168, 256, "cuda"))
-    for t in (4096, 2048, 1024, 512, 128, 32):
-        ids = torch.stack([torch.randperm(384, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
-        a = torch.randn(t * 8, 256, generator=gen, device="cuda").to(torch.bfloat16)
-        draws.append((f"TP8 down t{t}", a, w, ids))
-    v.compare_indexed(MODS, draws)
+    v.compare_indexed(MODS, v.indexed_draws("tp8_indexed_t8192", (4096, 2048, 1024, 512, 128, 32), 384,
+                                            {"down": (7168, 256)}, seed=7))
 
 
 if __name__ == "__main__":

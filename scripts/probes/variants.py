@@ -159,3 +159,28 @@ def compare_layer(mods: dict, tokens, seed: int, rounds: int = 60, experts: int 
         compare(mods, f"moe_experts indexed {t} tokens",
                 lambda o, x=x, ids=ids, wts=wts: moe_experts(x, ids, wts, w13, w2, out=o, path="indexed"), out,
                 rounds)
+
+
+def indexed_draws(case: str, tokens, experts: int, shapes: dict, seed: int) -> list:
+    """Kimi-style draws ``(label, a, w, topk_ids)`` for `compare_indexed`: the bench case `case`'s
+    own draw of each projection in `shapes` (name -> (N, K)), then, on one random weight a
+    projection, random top-8 routing over `experts` and activations at each token count of
+    `tokens` (from `seed`)."""
+    import torch
+
+    from lowbit.bench.cases import build_problem, make_weight, select_cases
+    from lowbit.formats.w4a16 import pack_w4a16
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    bench = select_cases([case])[0]
+    draws = []
+    for proj in shapes:
+        p = build_problem(bench, proj, "cuda")
+        draws.append((f"{case} {proj}", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32)))
+    for proj, (n, k) in shapes.items():
+        w = pack_w4a16(make_weight(experts, n, k, "cuda"))
+        for t in tokens:
+            ids = torch.stack([torch.randperm(experts, generator=gen, device="cuda")[:8] for _ in range(t)])
+            a = torch.randn(t if proj == "gate_up" else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
+            draws.append((f"t{t} {proj}", a, w, ids.to(torch.int32)))
+    return draws

@@ -59,23 +59,8 @@ def install() -> dict:
 
 
 def gemm(mods) -> None:
-    import torch
-
-    from lowbit.bench.cases import build_problem, make_weight, select_cases
-    from lowbit.formats.w4a16 import pack_w4a16
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    draws = []
-    case = select_cases(["ep8_indexed_t256"])[0]
-    for proj in ("gate_up", "down"):
-        p = build_problem(case, proj, "cuda")
-        draws.append((f"ep8_indexed_t256 {proj}", p.a, pack_w4a16(p.weight), p.topk_ids.to(torch.int32)))
-    for proj, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048)):
-        w = pack_w4a16(make_weight(48, n, k, "cuda"))
-        for t in (192, 384):
-            ids = torch.stack([torch.randperm(48, generator=gen, device="cuda")[:8] for _ in range(t)]).to(torch.int32)
-            a = torch.randn(t if proj == "gate_up" else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
-            draws.append((f"t{t} {proj}", a, w, ids))
-    v.compare_indexed(mods, draws)
+    v.compare_indexed(mods, v.indexed_draws("ep8_indexed_t256", (192, 384), 48,
+                                            {"gate_up": (4096, 7168), "down": (7168, 2048)}, seed=5))
 
 
 def masked(mods) -> None:
