@@ -528,6 +528,7 @@ def test_gluon_default_for_decode(monkeypatch):
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
     assert "runs the 64-row tile (H200 TP8" in c.reason, c  # its half-row tail (`NLOOP_HALF_TAIL_TILES`)
+    assert "28 weight tiles a program" in c.reason, c  # `nloop_n_tiles`
     c = w4a16_indexed_config(16384, 384, 7168, 256, gluon=True)  # TP8 2048 tokens: the 64-row block, no tail
     assert (c.block_m, c.block_n) == (64, 128) and "N-loop" in c.reason and "runs the" not in c.reason, c
     assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile

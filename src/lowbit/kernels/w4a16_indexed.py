@@ -297,7 +297,8 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                           "1.01-1.05x the warp-specialized 256x64)")
     else:
         wide = False
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile), n)
+    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile,
+                                        (num_routes, num_experts, n)), n)
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -308,7 +309,7 @@ def _engine_tiles(engine: str) -> tuple:
 
 
 def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
-                programs: float = float("inf"), profile: str = "") -> W4A16Config:
+                programs: float = float("inf"), profile: str = "", grid: tuple | None = None) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (a split-K kept only where the register-A kernel splits:
     `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and ``_NUM_STAGES`` pick among its
@@ -318,8 +319,9 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     the grid's size, about; too few for a group-loop tile's eight CTAs an SM run its deeper-ring
     alternative (`w4a16_sm90.group_loop_tile`) unless a stage count is forced; with the
     `profile` ("EP" / "TP") its 128-row form was measured for, one whose grid and K allow runs
-    that form (`WIDE_DECODE_TILES`) unless a stage count or weight rows are forced. The reason says
-    what was chosen."""
+    that form (`WIDE_DECODE_TILES`) unless a stage count or weight rows are forced. `grid`:
+    (routes, experts, N), for the N-loop kernel's tiles a program (`nloop_n_tiles`, on an H200's
+    SMs; the launcher counts the GPU's). The reason says what was chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
@@ -329,7 +331,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import group_loop_tile, half_acts_note, nloop_tail_rows, runs_nloop, tail_rows
+    from .w4a16_sm90 import group_loop_tile, half_acts_note, nloop_n_tiles, nloop_tail_rows, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -342,7 +344,9 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     bw, _, warps, stages = tile
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
-        variant = "; K <= 256 (one step): the N-loop kernel, 8-56 weight tiles a program by the grid (nloop_n_tiles)"
+        chunk = nloop_n_tiles(cfg.block_m, *grid, bw) if grid else "8-56"
+        variant = (f"; K <= 256 (one step): the N-loop kernel, {chunk} weight tiles a program by the grid "
+                   "(H200 TP8 down 32-8192 tokens: 1.05-1.18x a fixed 8)")
         if tail := nloop_tail_rows(tile):
             variant += (f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 TP8 8192 tokens "
                         "down: 1.14x)")
