@@ -34,6 +34,28 @@ def test_all_production_configs_compile_for_sm90a():
         f"warnings={r['ptxas_warnings']} {r['error']}" for r in bad)
     for r in reports:
         assert r["shared_bytes"] <= 232448
+    _nloop_occupancy_matches_its_table(reports)
+
+
+def _nloop_occupancy_matches_its_table(reports: list[dict]) -> None:
+    """The N-loop heuristics' CTAs an SM (`w4a16_sm90.NLOOP_CTAS_PER_SM`, which sizes its waves) are
+    what the compiled tiles' registers and shared memory allow (65,536 registers in units of 8 a
+    thread; 228 KB of shared memory, 1 KB of it reserved a CTA)."""
+    import re
+
+    from lowbit.kernels.w4a16_sm90 import NLOOP_CTAS_PER_SM
+
+    seen = set()
+    for r in reports:
+        m = re.match(r"w4a16_indexed_sm90_nloop\[BW=\d+,BR=(\d+),w=(\d+),", r["name"])
+        if not m:
+            continue
+        br, warps = int(m[1]), int(m[2])
+        by_regs = 65536 // (-(-r["registers"] // 8) * 8 * 32 * warps)
+        by_smem = 233472 // (r["shared_bytes"] + 1024)
+        assert min(by_regs, by_smem) == NLOOP_CTAS_PER_SM[br], (r["name"], r["registers"], r["shared_bytes"])
+        seen.add(br)
+    assert seen == set(NLOOP_CTAS_PER_SM), seen
 
 
 @pytest.mark.compile
