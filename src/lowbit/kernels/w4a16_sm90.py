@@ -62,9 +62,10 @@ The weight rows are wgmma's M side (as the Triton kernels' swap-AB tiles).
   same shared memory, so the wgmmas skip rows that are never stored. Where the tensor cores
   bound the tile (128-row blocks, masked) that is 1.04-1.18x (H200, seventeenth session).
 - **N loop** (`_w4a16_indexed_nloop_kernel`, indexed, K of one 256-wide step: Kimi TP8 down):
-  one program gathers its routed rows once and runs eight weight tiles over them, the next
-  tiles' words in the TMA ring, each tile stored as it retires; a 128-row block with no route in
-  its second half runs the 64-row copy (`NLOOP_HALF_TAIL_TILES`).
+  one program gathers its routed rows once and runs 8 to 56 weight tiles over them, as many as
+  the grid allows (`nloop_n_tiles`), the next tiles' words in the TMA ring, each tile stored as it
+  retires; a 128-row block with no route in its second half runs the 64-row copy
+  (`NLOOP_HALF_TAIL_TILES`).
 - **Shared-memory** (engine ``gluon``; `_w4a16_grouped_sm90_kernel`,
   `_w4a16_indexed_sm90_kernel`): dequantized weights stored into two sets of eight
   ``[64, 32]`` buffers, SS-wgmma, ``wait_group 8`` retires only the previous step; its indexed
@@ -1592,8 +1593,8 @@ def _w4a16_indexed_nloop_kernel(
     """The register-A indexed kernel for a K of one 256-wide step (K <= 256; Kimi TP8 down has
     K = 256): one program gathers its routing block's rows once and loops over N_TILES weight
     tiles (N tiles ``t0 ..``; `_nloop_block`; `nloop_n_tiles` picks how many: a constexpr, since
-    a runtime count cost the 32-row tile 3-13 registers, one CTA an SM with routing weights). With one K step a tile,
-    `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing block, N tile)
+    a runtime count cost the 32-row tile 3-13 registers, one CTA an SM with routing weights).
+    With one K step a tile, `_w4a16_indexed_rs_kernel` is all prologue and epilogue: every (routing block, N tile)
     program re-gathers the same rows and only one program an SM runs (registers).
     HALF_TAIL: a block whose second half holds no route (an expert's last block) runs the
     BR / 2-row tile (X_HALF_LAYOUT: its gather layout), as `_w4a16_indexed_rs_kernel` does
@@ -2128,10 +2129,10 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
 
 def _nloop_constexprs(tile) -> dict:
     """The N-loop kernel's gather layouts and tail constexpr for `tile` (launcher and compile tier)."""
-    bw, br, warps, stages = tile
-    half = tuple(tile) in NLOOP_HALF_TAIL_TILES
-    return {"X_LAYOUT": _gather_layout(br, warps), "HALF_TAIL": half,
-            "X_HALF_LAYOUT": _gather_layout(br // 2, warps) if half else None}
+    _, br, warps, _ = tile
+    half = nloop_tail_rows(tile)
+    return {"X_LAYOUT": _gather_layout(br, warps), "HALF_TAIL": bool(half),
+            "X_HALF_LAYOUT": _gather_layout(half, warps) if half else None}
 
 
 def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
@@ -2209,10 +2210,11 @@ def compile_configs():
     for kind, (bw, br, warps, stages) in grouped:
         rs = kind != ""
         probe = torch.empty(16, 64, dtype=torch.bfloat16)
-        x_desc = (_act_desc(probe, 64, br, 4 if extra.get("HALF_ACTS") else 8) if rs
-                  else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br)))
         for masked in (False, True):
             extra = _grouped_rs_constexprs((bw, br, warps, stages), kind == "_ws", masked) if rs else {}
+            # the launcher's descriptor: a half step's box where the tile refills by halves
+            x_desc = (_act_desc(probe, 64, br, 4 if extra["HALF_ACTS"] else 8) if rs
+                      else TensorDescriptor(probe, [16, 64], [64, 1], [br, 32], _x_layout(br)))
             sig = {
                 "x_desc": mangle_type(x_desc),
                 **({"xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if extra["HALF_TAIL"] else br))} if rs else {}),
