@@ -5,10 +5,11 @@ Budgets (kernel pipeline vs reference pipeline, same quantized weights, same act
 rounding points, every GEMM / attention output rounded to bf16 in both):
 
 - On identical inputs the GEMM path (act_quant + fp8_gemm / fp4_gemm) is bit-exact against the
-  references at these shapes and hc_split_sinkhorn agrees to ~1e-7; so the kernels-minus-
-  sparse_attn pipeline must match the reference to `ISOLATED_REL` = 1e-3 (bf16 output
-  rounding plus the odd FP32 accumulation-order ulp: "bf16_out"'s 4e-3 is the bound per GEMM,
-  far above what occurs).
+  references at these shapes; so the pipeline with sparse_attn and hc_split_sinkhorn from the
+  references must match the reference to `ISOLATED_REL` = 1e-3 (bf16 output rounding plus the
+  odd FP32 accumulation-order ulp: "bf16_out"'s 4e-3 is the bound per GEMM, far above what
+  occurs). hc_split_sinkhorn's kernel agrees with its reference to ~1e-7, not bit for bit: with
+  it, a re-quantization (below) can turn that into ~1e-2, so it gets the full budgets.
 - sparse_attn's kernel rounds the softmax probabilities to bf16 before P @ V (the reference
   keeps FP32): its output differs by delta ~ 2^-9 relative (measured 1.8e-3). Every later
   linear re-quantizes its input to E4M3 with power-of-two scales (relative step Delta up to
@@ -113,19 +114,29 @@ def test_prefill_decode_kernels_vs_reference(b, S, lens, gen, device):
 
 
 def test_pipeline_without_sparse_attn_kernel_is_exact(gen, device):
-    """The kernels pipeline with sparse_attn taken from the reference isolates the GEMM,
-    quantizer and Sinkhorn kernels: it must agree with the reference to bf16 rounding."""
+    """The kernels pipeline with sparse_attn and hc_split_sinkhorn taken from the references
+    isolates the GEMM and quantizer kernels: it must agree with the reference to bf16 rounding
+    (on the interpreter; the GPU budgets on the H200). With the Sinkhorn kernel too the budgets
+    are the full pipeline's: it agrees with its reference to ~1e-7, not bit for bit, and an ulp
+    at an act_quant rounding boundary moves the next linear's output by ~sqrt(delta * Delta)
+    (module doc; seed 2120527603: MoE output 5.5e-2 at decode step 2, 0 with the reference
+    Sinkhorn)."""
     block, prompt, dec = _setup(1, 8, gen, device)
     rr = run_prefill_decode(block, prompt, (8,), dec, "reference")
-    rk = run_prefill_decode(block, prompt, (8,), dec, "kernels", decisions=rr,
-                            overrides={"sparse_attn": "reference"})
-    for step, (k, r) in enumerate(zip(rk, rr)):
-        assert k.flip_gap == {"indexer": 0.0, "router": 0.0}
-        for name, gpu_budget in (("attn", ATTN_REL), ("moe", MOE_REL), ("out", OUT_REL)):
-            budget = ISOLATED_REL if interpreter_active() else gpu_budget
-            err = rel_fro_err(getattr(k, name), getattr(r, name))
-            print(f"step {step} {name}: rel {err:.2e}")
-            assert err <= budget, f"step {step} {name}: {err:.3e} > {budget:.0e}"
+    for overrides, exact in (({"sparse_attn": "reference", "sinkhorn": "reference"}, True),
+                             ({"sparse_attn": "reference"}, False)):
+        rk = run_prefill_decode(block, prompt, (8,), dec, "kernels", decisions=rr, overrides=overrides)
+        for step, (k, r) in enumerate(zip(rk, rr)):
+            where = f"{sorted(overrides)} from the references, step {step}"
+            if exact:
+                assert k.flip_gap == {"indexer": 0.0, "router": 0.0}, where
+            else:
+                assert k.flip_gap["indexer"] <= INDEXER_GAP and k.flip_gap["router"] <= ROUTER_GAP, where
+            for name, gpu_budget in (("attn", ATTN_REL), ("moe", MOE_REL), ("out", OUT_REL)):
+                budget = ISOLATED_REL if exact and interpreter_active() else gpu_budget
+                err = rel_fro_err(getattr(k, name), getattr(r, name))
+                print(f"{where} {name}: rel {err:.2e}")
+                assert err <= budget, f"{where} {name}: {err:.3e} > {budget:.0e}"
 
 
 def test_select_gap():
