@@ -475,8 +475,9 @@ def test_gluon_default_for_decode(monkeypatch):
     thin: one token's gate_up), the 16-row block up to tok_e 12 (from tok_e 0 for TP; its
     group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 22,
     the 64-row block from there (the one-warpgroup 128x64 with its half tail), the 128-row
-    block past tok_e 90 (its half-empty blocks on the 64-row tile, said in the reason). A one-step K (TP8
-    down) runs the block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
+    block past tok_e 90 (its half-empty blocks on the 64-row tile, said in the reason) except for
+    tok_e 115-360 with K past one step (the 64-row block again). A one-step K (TP8 down) runs the
+    block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
     blocks exist only on the Gluon kernel; an engine override wins."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
 
@@ -521,10 +522,19 @@ def test_gluon_default_for_decode(monkeypatch):
         assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
         assert "runs the 32-row tile (H200 EP8 384 / 512" in c.reason, c  # its half-row tail (`HALF_TAIL_TILES`)
         assert "refilled by halves" in c.reason, c  # `HALF_ACT_TILES`
-    c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)  # EP8 1024 tokens (tok_e 171)
-    assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
-    assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
-    assert "refilled by halves" not in c.reason, c
+    for routes in (5120, 20480):  # EP8 640 / 2560 tokens (tok_e 107 / 427): the 128-row block
+        c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
+        assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
+        assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
+        assert "refilled by halves" not in c.reason, c
+    # ... and the 64-row block again in its middle (`_PREFILL_64_RANGE`), K past one step: edges tok_e 115 / 360
+    for routes, block in ((5520, 128), (5568, 64), (8192, 64), (17280, 64), (17328, 128)):
+        c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
+        assert c.block_m == block, (routes, c)
+        if block == 64:
+            assert (c.engine, c.block_n, c.num_warps) == ("gluon_rs", 128, 4) and "refilled by halves" in c.reason, c
+    c = w4a16_indexed_config(65536, 384, 512, 7168, gluon=True)  # TP8 8192 tokens gate_up: the same
+    assert (c.block_m, c.block_n) == (64, 128), c
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
     assert "runs the 64-row tile (H200 TP8" in c.reason, c  # its half-row tail (`NLOOP_HALF_TAIL_TILES`)

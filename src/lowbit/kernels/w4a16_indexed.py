@@ -204,6 +204,24 @@ _GLUON_BLOCKS = (
 )
 
 
+#: Past the 64-row block's range, the 128-row block's middle: (min tok_e exclusive, max tok_e,
+#: why) where a projection with K past one step takes the 64-row block again. Since the
+#: twenty-sixth session's refill by halves (three CTAs an SM) the one-warpgroup 128x64 is about
+#: as efficient a padded row as the four-warpgroup 256x128, and the 64-row block pads less: an
+#: expert of 150 routes runs 64 + 64 + 32 rows (half tail) instead of 128 + 64. H200,
+#: twenty-eighth session (`scripts/probes/prefill_blocks.py`, interleaved, bit-identical, us,
+#: 128-row -> 64-row): Kimi EP8 gate_up / down at 640 tokens (tok_e 107) 617.4 -> 684.1 / 362.8
+#: -> 363.5 (0.90x / 1.00x: the 128-row block stays), 768 (128) 830.8 -> 803.6 / 457.5 -> 430.4,
+#: 896 (149) 1056.2 -> 948.7 / 559.7 -> 503.3, the bench's 1024 (171) 1112.0 -> 1026.5 / 574.1 ->
+#: 540.4, 1280 (213) 1284.9 -> 1288.8 / 672.1 -> 678.0, 1536 (256) 1582.0 -> 1504.4 / 804.6 ->
+#: 794.5, 2048 (341) 2043.1 -> 2050.2 / 1033.6 -> 1031.9; TP8 gate_up 6144 / 8192 (the bench's) /
+#: 10240 / 12288 tokens 874.4 -> 850.2, 1142.0 -> 1067.3, 1354.7 -> 1349.2, 1611.7 -> 1578.3.
+#: Not measured past tok_e 341, nor for a one-step K (TP down keeps the 128-row N loop).
+_PREFILL_64_RANGE = (115, 360, "sm_90 prefill, K past one step: register-A Gluon kernel, 64-row routing "
+                               "block (H200 Kimi EP8 tok_e 128-256: 1.01-1.11x the 128-row block, level at "
+                               "213 and 341; TP8 gate_up tok_e 128-256: 1.00-1.07x)")
+
+
 #: EP decode on sm_90: up to this tok_e, 8-row routing blocks (one to a few routes an expert hit)
 #: on the register-A kernel's group-loop tile, eight CTAs an SM (`w4a16_sm90.GROUP_LOOP_MAXNREG`
 #: has the measurements: H200 Kimi EP8 4 / 8 / 16 tokens 1.08-1.13x the 16-row block, 32
@@ -256,6 +274,9 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         _, rs_block, rs_why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
         if profile == "EP" and tok_e <= _EP_DECODE_BLOCK[0]:
             _, rs_block, rs_why = _EP_DECODE_BLOCK
+        if k > 256 and _PREFILL_64_RANGE[0] < tok_e <= _PREFILL_64_RANGE[1]:
+            _, _, rs_why = _PREFILL_64_RANGE
+            rs_block = 64
         if gluon:
             block_m, why = rs_block, rs_why
     else:
