@@ -222,6 +222,18 @@ _PREFILL_64_RANGE = (115, 360, "sm_90 prefill, K past one step: register-A Gluon
                                "213 and 341; TP8 gate_up tok_e 128-256: 1.00-1.07x)")
 
 
+#: A one-step K (TP8 down: the N-loop kernel) takes the 128-row block from this tok_e (exclusive)
+#: where the table says 64: gathered once for up to 56 weight tiles, the 128-row block's
+#: programs amortize more, and its half tail pads as little. H200, twenty-eighth session
+#: (`scripts/probes/prefill_blocks.py tp8down`, interleaved, bit-identical, us, 128-row -> 64-row):
+#: Kimi TP8 down at 1536 / 2048 tokens (tok_e 32 / 43) 240.7 -> 238.2, 245.7 -> 244.3 (level),
+#: 2560 / 3072 / 3584 / 4096 (tok_e 53-85) 279.7 -> 323.7, 355.6 -> 400.6, 410.6 -> 482.5, 418.5 ->
+#: 490.7 (the 128-row block 1.13-1.18x), 6144 / 8192 / 12288 562.7 -> 644.4, 712.5 -> 744.1, 992.6 ->
+#: 1122.8.
+_NLOOP_128_FROM = (48, "sm_90 prefill, one K step: register-A Gluon N loop, 128-row routing block (H200 Kimi TP8 "
+                       "down tok_e 53-85: 1.13-1.18x the 64-row block, level at 32-43)")
+
+
 #: EP decode on sm_90: up to this tok_e, 8-row routing blocks (one to a few routes an expert hit)
 #: on the register-A kernel's group-loop tile, eight CTAs an SM (`w4a16_sm90.GROUP_LOOP_MAXNREG`
 #: has the measurements: H200 Kimi EP8 4 / 8 / 16 tokens 1.08-1.13x the 16-row block, 32
@@ -277,6 +289,9 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         if k > 256 and _PREFILL_64_RANGE[0] < tok_e <= _PREFILL_64_RANGE[1]:
             _, _, rs_why = _PREFILL_64_RANGE
             rs_block = 64
+        if k <= 256 and rs_block == 64 and tok_e > _NLOOP_128_FROM[0]:
+            _, rs_why = _NLOOP_128_FROM
+            rs_block = 128
         if gluon:
             block_m, why = rs_block, rs_why
     else:
