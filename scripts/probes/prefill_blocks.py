@@ -3,7 +3,7 @@ with its 64-row half tail) against 64 rows (the one-warpgroup 128x64 by halves w
 tail, three CTAs an SM) -- a probe, not a benchmark. It set
 `w4a16_indexed._PREFILL_64_RANGE`.
 
-    python scripts/probes/prefill_blocks.py [ep8] [tp8] [tp8down]
+    PREFILL_BLOCKS=128,64 python scripts/probes/prefill_blocks.py [ep8] [tp8] [tp8mid] [tp8down]
 
 Kimi shapes through `w4a16_indexed` with each block's heuristics' tile (`block_m` pinned): the
 bench's own ``ep8_indexed_t1024`` / ``tp8_indexed_t8192`` draws first, then random top-8 draws
@@ -21,7 +21,7 @@ from lowbit import routing
 from lowbit.bench.timing import measure_interleaved
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
 
-BLOCKS = (128, 64)
+BLOCKS = tuple(int(b) for b in os.environ.get("PREFILL_BLOCKS", "128,64").split(","))  # the first: the reference
 
 
 def compare(draws) -> None:
@@ -52,6 +52,12 @@ def tp8() -> None:
     compare(v.indexed_draws("tp8_indexed_t8192", (6144, 10240, 12288), 384, {"gate_up": (512, 7168)}, seed=13))
 
 
+def tp8mid() -> None:
+    """TP8 gate_up between the decode and prefill blocks (tok_e 32-107)."""
+    compare(v.indexed_draws("tp8_indexed_t1024", (1536, 2048, 3072, 4096, 5120), 384, {"gate_up": (512, 7168)},
+                            seed=13)[1:])
+
+
 def tp8down() -> None:
     """TP8 down (K = 256: the N-loop kernel's blocks)."""
     compare(v.indexed_draws("tp8_indexed_t8192", (1536, 2048, 2560, 3072, 3584, 4096, 6144, 12288), 384,
@@ -60,4 +66,4 @@ def tp8down() -> None:
 
 if __name__ == "__main__":
     for part in sys.argv[1:] or ("ep8", "tp8"):
-        {"ep8": ep8, "tp8": tp8, "tp8down": tp8down}[part]()
+        {"ep8": ep8, "tp8": tp8, "tp8mid": tp8mid, "tp8down": tp8down}[part]()
