@@ -541,9 +541,11 @@ def test_gluon_default_for_decode(monkeypatch):
     assert "28 weight tiles a program" in c.reason, c  # `nloop_n_tiles`
     c = w4a16_indexed_config(16384, 384, 7168, 256, gluon=True)  # TP8 2048 tokens: the 64-row block, no tail
     assert (c.block_m, c.block_n) == (64, 128) and "N-loop" in c.reason and "runs the" not in c.reason, c
-    for routes, block in ((18432, 64), (18816, 128), (32768, 128)):  # ... the 128-row block past tok_e 48
-        c = w4a16_indexed_config(routes, 384, 7168, 256, gluon=True)  # (`_NLOOP_128_FROM`)
+    # ... the 128-row block past tok_e 48 (`_NLOOP_128_FROM`), the 32-row one up to 30 (`_NLOOP_32_UNTIL`)
+    for routes, block in ((10240, 32), (11520, 32), (11904, 64), (18432, 64), (18816, 128), (32768, 128)):
+        c = w4a16_indexed_config(routes, 384, 7168, 256, gluon=True)
         assert (c.block_m, c.block_n) == (block, 128) and "N-loop" in c.reason, (routes, c)
+    assert w4a16_indexed_config(10240, 384, 512, 7168, gluon=True).block_m == 64  # gate_up: the table's 64 from 22
     assert w4a16_indexed_config(8192, 48, 4096, 7168).block_m == 64  # off Hopper: the Triton tile
     assert w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True).block_n == 128
     monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "256")  # the override picks the four-warpgroup tile

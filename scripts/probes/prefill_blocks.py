@@ -3,7 +3,7 @@ with its 64-row half tail) against 64 rows (the one-warpgroup 128x64 by halves w
 tail, three CTAs an SM) -- a probe, not a benchmark. It set
 `w4a16_indexed._PREFILL_64_RANGE`.
 
-    PREFILL_BLOCKS=128,64 python scripts/probes/prefill_blocks.py [ep8] [tp8] [tp8mid] [tp8down]
+    PREFILL_BLOCKS=128,64 python scripts/probes/prefill_blocks.py [ep8] [tp8] [tp8mid] [tp8small] [tp8down]
 
 Kimi shapes through `w4a16_indexed` with each block's heuristics' tile (`block_m` pinned): the
 bench's own ``ep8_indexed_t1024`` / ``tp8_indexed_t8192`` draws first, then random top-8 draws
@@ -58,12 +58,18 @@ def tp8mid() -> None:
                             seed=13)[1:])
 
 
+def tp8small() -> None:
+    """TP8 at 768-1280 tokens (tok_e 16-27: the 32-row block), gate_up and down."""
+    compare(v.indexed_draws("tp8_indexed_t1024", (768, 1280), 384, {"gate_up": (512, 7168), "down": (7168, 256)},
+                            seed=13))
+
+
 def tp8down() -> None:
-    """TP8 down (K = 256: the N-loop kernel's blocks)."""
-    compare(v.indexed_draws("tp8_indexed_t8192", (1536, 2048, 2560, 3072, 3584, 4096, 6144, 12288), 384,
-                            {"down": (7168, 256)}, seed=13))
+    """TP8 down (K = 256: the N-loop kernel's blocks); ``TP8DOWN_TOKENS`` picks the token counts."""
+    tokens = tuple(int(t) for t in os.environ.get("TP8DOWN_TOKENS", "1536,2048,2560,3072,3584,4096,6144,12288").split(","))
+    compare(v.indexed_draws("tp8_indexed_t8192", tokens, 384, {"down": (7168, 256)}, seed=13))
 
 
 if __name__ == "__main__":
     for part in sys.argv[1:] or ("ep8", "tp8"):
-        {"ep8": ep8, "tp8": tp8, "tp8mid": tp8mid, "tp8down": tp8down}[part]()
+        {"ep8": ep8, "tp8": tp8, "tp8mid": tp8mid, "tp8small": tp8small, "tp8down": tp8down}[part]()

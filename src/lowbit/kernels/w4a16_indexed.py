@@ -232,6 +232,14 @@ _PREFILL_64_RANGE = (115, 360, "sm_90 prefill, K past one step: register-A Gluon
 #: 1122.8.
 _NLOOP_128_FROM = (48, "sm_90 prefill, one K step: register-A Gluon N loop, 128-row routing block (H200 Kimi TP8 "
                        "down tok_e 53-85: 1.13-1.18x the 64-row block, level at 32-43)")
+#: ... and keeps the 32-row block up to this tok_e (the table's 32-row edge is 22): the 64- and
+#: 128-row N loops sit at ~235-245 us from tok_e 21 to 43 where the 32-row one grows from 157.
+#: H200, twenty-eighth session (`prefill_blocks.py tp8down`, ``LOWBIT_W4A16_ENGINE=gluon_rs``, us,
+#: 32 / 64 / 128-row blocks): Kimi TP8 down at 1024 tokens (tok_e 21.3) 157.3 / 234.3 / 238.3,
+#: 1280 (26.7) 180.7 / 235.9 / 238.4, 1536 (32) 244.6 / 238.4 / 241.1, 2048 (42.7) 280.1 / 243.1 /
+#: 244.4, 2560 (53.3) 330.0 / 322.5 / 276.5.
+_NLOOP_32_UNTIL = (30, "sm_90 between decode and prefill, one K step: register-A Gluon N loop, 32-row routing "
+                       "block (H200 Kimi TP8 down tok_e 26.7: 1.31x the 64-row block, level at 32)")
 
 
 #: EP decode on sm_90: up to this tok_e, 8-row routing blocks (one to a few routes an expert hit)
@@ -262,13 +270,30 @@ _WS_BLOCKS = (64, 128)
 _GROUP_LOOP_BLOCKS = (64,)
 
 
-def _gluon_runs(block_m: int, tok_e: float) -> bool:
+def _rs_block(tok_e: float, k: int, profile: str) -> tuple[int, str]:
+    """The register-A kernel's routing block and its reason at this tok_e: `_GLUON_BLOCKS`, the EP
+    decode block (`_EP_DECODE_BLOCK`), the 64-row block's second range for K past one step
+    (`_PREFILL_64_RANGE`), and a one-step K's N-loop edges (`_NLOOP_128_FROM`, `_NLOOP_32_UNTIL`)."""
+    _, block, why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+    if profile == "EP" and tok_e <= _EP_DECODE_BLOCK[0]:
+        _, block, why = _EP_DECODE_BLOCK
+    if k > 256 and _PREFILL_64_RANGE[0] < tok_e <= _PREFILL_64_RANGE[1]:
+        block, why = 64, _PREFILL_64_RANGE[2]
+    if k <= 256 and block == 64 and tok_e > _NLOOP_128_FROM[0]:
+        block, why = 128, _NLOOP_128_FROM[1]
+    if k <= 256 and block == 64 and tok_e <= _NLOOP_32_UNTIL[0]:
+        block, why = 32, _NLOOP_32_UNTIL[1]
+    return block, why
+
+
+def _gluon_runs(block_m: int, tok_e: float, k: int, profile: str) -> bool:
     """Whether the register-A kernel is the default for a routing block at this tok_e: the
-    block `_GLUON_BLOCKS` picks; in its prefill range either prefill block
+    block `_GLUON_BLOCKS` or `_rs_block` picks; in the table's prefill range either prefill block
     (both measured faster than Triton there); a block only it runs."""
-    _, rs_block, _ = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
+    _, table_block, _ = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
     prefill = (64, 128)
-    return block_m == rs_block or (rs_block in prefill and block_m in prefill) or block_m not in VALIDATED_TILES
+    return (block_m in (table_block, _rs_block(tok_e, k, profile)[0])
+            or (table_block in prefill and block_m in prefill) or block_m not in VALIDATED_TILES)
 
 
 @lru_cache(maxsize=4096)
@@ -283,15 +308,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     gluon = gluon and env_value(env, "engine") in ("", *REGISTER_A_ENGINES)
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
-        _, rs_block, rs_why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
-        if profile == "EP" and tok_e <= _EP_DECODE_BLOCK[0]:
-            _, rs_block, rs_why = _EP_DECODE_BLOCK
-        if k > 256 and _PREFILL_64_RANGE[0] < tok_e <= _PREFILL_64_RANGE[1]:
-            _, _, rs_why = _PREFILL_64_RANGE
-            rs_block = 64
-        if k <= 256 and rs_block == 64 and tok_e > _NLOOP_128_FROM[0]:
-            _, rs_why = _NLOOP_128_FROM
-            rs_block = 128
+        rs_block, rs_why = _rs_block(tok_e, k, profile)
         if gluon:
             block_m, why = rs_block, rs_why
     else:
@@ -303,7 +320,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                 f"one of {sorted(VALIDATED_TILES)} (on sm_90 also {rs_blocks}) (w4a16_indexed_config(...).block_m)"
             )
     _, split, split_why = next(r for r in _SPLIT_K if tok_e <= r[0])
-    rs = gluon and _gluon_runs(block_m, tok_e)
+    rs = gluon and _gluon_runs(block_m, tok_e, k, profile)
     if rs:  # the register-A kernel splits K only when asked (`_RS_SPLIT_K`)
         split, split_why = _RS_SPLIT_K, ""
     why = f"tok_e={tok_e:.2f} ({profile}): {why}" + (f"; {split_why}" if split_why else "")
