@@ -314,6 +314,72 @@ def test_run_bench_rows_schema_and_statuses(tmp_path, extra_providers):
     assert "FAIL" in table and "smoke_indexed" in table and "refcheck" in table
 
 
+def test_interleaved_rows_prepare_together_and_release(monkeypatch, extra_providers):
+    """`run_bench(interleave=...)`'s bookkeeping, with the CUDA calls replaced: every provider of a
+    problem is prepared and checked before any is timed, only the ones that passed are timed
+    (together, one `measure_interleaved` call a problem), every one is released after; a timing
+    failure marks the timed rows error. On the CPU itself `interleave` is ignored."""
+    import types
+
+    from lowbit.bench import driver
+    from lowbit.bench.timing import Timing
+
+    events = []
+
+    class Logged(TorchProvider):
+        name = "logged"
+
+        def prepare(self, problem):
+            events.append(("prepare", self.name))
+            super().prepare(problem)
+
+        def release(self):
+            events.append(("release", self.name))
+            super().release()
+
+    class Logged2(Logged):
+        name = "logged2"
+
+    def fake_interleaved(fns, rounds, device):
+        events.append(("time", len(fns)))
+        assert rounds == 7
+        return {k: Timing(10.0 + i, 9.0, 11.0 + i, 8.0, 10.0, rounds, True, True, "cuda_event")
+                for i, k in enumerate(fns)}
+
+    monkeypatch.setitem(PROVIDERS, "logged", Logged)
+    monkeypatch.setitem(PROVIDERS, "logged2", Logged2)
+    monkeypatch.setattr(driver, "measure_interleaved", fake_interleaved)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    cuda = types.SimpleNamespace(type="cuda")
+    entries = []
+    for name in ("logged", "wrong", "logged2"):
+        problem = build_problem(CASES["smoke_indexed"], "gate_up", "cpu")
+        row = dict.fromkeys(ROW_KEYS)
+        row.update(total_bytes=1000, flops=2000)
+        entries.append((PROVIDERS[name](), row, problem, lambda out, p=problem: refcheck(out, p), (4.5, 678.0)))
+    driver._check_then_time(entries, cuda, None, lambda m: None, interleave=7)
+    assert [e[0] for e in events] == ["prepare", "prepare", "time", "release", "release"], events
+    assert events[2] == ("time", 2)  # the provider that failed its check is not timed
+    rows = [e[1] for e in entries]
+    assert [r["status"] for r in rows] == ["ok", "FAIL", "ok"]
+    assert rows[0]["median_us"] == 10.0 and rows[2]["median_us"] == 11.0 and rows[0]["reps"] == 7
+    assert rows[0]["tb_per_s"] == pytest.approx(1000 / 10e-6 / 1e12)
+
+    def broken(fns, rounds, device):
+        raise RuntimeError("graph capture failed")
+
+    monkeypatch.setattr(driver, "measure_interleaved", broken)
+    for _, row, *_ in entries:
+        row.update(status=None, median_us=None)
+    driver._check_then_time(entries, cuda, None, lambda m: None, interleave=7)
+    assert [r["status"] for r in rows] == ["error", "FAIL", "error"]
+    assert "graph capture failed" in rows[0]["message"]
+    cpu_rows = run_bench(select_cases(["smoke_indexed"]), ["torch"], device="cpu", timing={"min_reps": 3},
+                         progress=None, interleave=5)
+    assert all(r["status"] == "ok" and r["median_us"] > 0 for r in cpu_rows)
+    cases_mod.clear_weight_cache()
+
+
 def test_refcheck_rejects_wrong_shape_and_nan():
     p = build_problem(CASES["smoke_masked"], "down", "cpu")
     prov = TorchProvider()
@@ -355,6 +421,17 @@ def test_interleaved_timing_orders_by_work():
     t = measure_interleaved({"small": lambda: small.sum(), "big": lambda: big.sum()}, rounds=20)
     assert set(t) == {"small", "big"} and t["small"].reps == t["big"].reps == 20
     assert t["big"].median_us > 2 * t["small"].median_us and t["big"].cuda_graph and t["big"].l2_flushed
+
+
+@pytest.mark.gpu
+def test_run_bench_interleaved_on_the_gpu():
+    """`run_bench(interleave=...)` on the GPU: the providers of each problem timed together
+    (CUDA graphs, L2 flushed), each row ok with one sample a round."""
+    rows = run_bench(select_cases(["smoke_indexed"]), ["lowbit", "torch"], device="cuda", progress=None,
+                     interleave=6)
+    timed = [r for r in rows if r["projection"] != "sum"]
+    assert len(timed) == 4 and all(r["status"] == "ok" for r in timed), [(r["provider"], r["message"]) for r in timed]
+    assert all(r["reps"] == 6 and r["cuda_graph"] and r["l2_flushed"] for r in timed)
 
 
 # -- CLI -----------------------------------------------------------------------------------

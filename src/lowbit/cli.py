@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup-ms", type=float, default=50.0, help="untimed warm-up milliseconds (default 50)")
     b.add_argument("--cuda-graph", action="store_true", help="time CUDA-graph replays (removes launch gaps)")
     b.add_argument("--no-l2-flush", action="store_true", help="do not flush L2 between repetitions (L2-hot numbers)")
+    b.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                   help="time a problem's providers together, replayed in turn for ROUNDS rounds (CUDA graphs, "
+                        "L2 flushed): the same clocks for every provider at the GPU's power cap (default 0: one "
+                        "provider after another)")
     b.add_argument("--tol", type=float, default=None, help="refcheck relative Frobenius budget (default 1e-2)")
     b.add_argument("--bw-ceiling", type=float, default=None, help="bandwidth ceiling in TB/s (default 4.50)")
     b.add_argument("--flops-ceiling", type=float, default=None, help="BF16 ceiling in TFLOP/s (default 678)")
@@ -147,14 +151,18 @@ def _cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     timing = {"rep_ms": args.rep_ms, "warmup_ms": args.warmup_ms, "cuda_graph": args.cuda_graph,
               "flush_l2": not args.no_l2_flush}
     try:
+        if args.interleave < 0 or (args.interleave and args.no_l2_flush):
+            raise ValueError("--interleave takes a positive round count and always flushes the L2")
         rows = run_bench(cases, providers, device="cuda", timing=timing,
                          tol=args.tol or REFCHECK_TOL, ceilings=ceilings,
-                         on_row=lambda so_far: write_results(so_far, args.out))  # partial results survive a kill
+                         on_row=lambda so_far: write_results(so_far, args.out),  # partial results survive a kill
+                         interleave=args.interleave)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     meta = {"env": collect_env(), "argv": list(argv), "cases": [c.describe() for c in cases],
-            "providers": providers, "timing": timing, "ceilings_tbs_tflops": ceilings}
+            "providers": providers, "timing": timing, "interleave_rounds": args.interleave,
+            "ceilings_tbs_tflops": ceilings}
     path = write_results(rows, args.out, meta)
     png = None if args.no_plot else plot_results(rows, os.path.join(args.out, "bench.png"))
     print(format_table(rows))

@@ -37,7 +37,7 @@ from .cases import (
     clear_weight_cache,
 )
 from .providers import PROVIDERS, Provider
-from .timing import measure
+from .timing import Timing, measure, measure_interleaved
 
 __all__ = [
     "REFCHECK_TOL",
@@ -184,11 +184,12 @@ def refcheck(out: torch.Tensor, problem: Problem, tol: float = REFCHECK_TOL) -> 
 
 
 # -- rows ----------------------------------------------------------------------------------
-def _check_then_time(prov, problem, row: dict[str, Any], check, device, timing, ceilings, say) -> None:
-    """The one measuring protocol of every provider: untimed `prepare` (packing, compile,
-    warm-up), one run checked against the reference by `check(out) -> (ok, rel, cos, msg)`,
-    then timing only if the check passed. Fills `row` (status ok / FAIL / error); a provider
-    that raises becomes an error row, never the end of the run."""
+def _prepare_and_check(prov, row: dict[str, Any], problem, check, device, say) -> bool:
+    """Untimed `prepare` (packing, compile, warm-up), then one run checked against the reference
+    by `check(out) -> (ok, rel, cos, msg)`. Fills `row`'s check fields (status FAIL / error when
+    not ok) and returns whether the provider may be timed; a provider that raises becomes an
+    error row, never the end of the run. The provider stays prepared either way (the caller
+    releases it)."""
     try:
         prov.prepare(problem)
         out = prov.run()
@@ -197,18 +198,60 @@ def _check_then_time(prov, problem, row: dict[str, Any], check, device, timing, 
         ok, rel, cos, msg = check(out)
         row.update(rel_fro_err=rel, cos_diff=cos, message=msg, provider_config=prov.config() or None)
         del out
-        if ok:
-            t = measure(prov.run, device=device, **(timing or {}))
-            row.update(status="ok", median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                       min_us=t.min_us, reps=t.reps, l2_flushed=t.l2_flushed, cuda_graph=t.cuda_graph)
-            _fill_rates(row, ceilings)
-        else:
+        if not ok:
             row["status"] = "FAIL"
+        return ok
     except Exception as exc:  # noqa: BLE001  (one provider's crash must not end the run)
         row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
         say("".join(traceback.format_exception_only(type(exc), exc)).strip())
-    finally:
-        prov.release()
+        return False
+
+
+def _fill_timing(row: dict[str, Any], t: Timing, ceilings: tuple[float, float]) -> None:
+    row.update(status="ok", median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, min_us=t.min_us, reps=t.reps,
+               l2_flushed=t.l2_flushed, cuda_graph=t.cuda_graph)
+    _fill_rates(row, ceilings)
+
+
+def _check_then_time(entries: list[tuple[Any, dict[str, Any], Any, Callable, tuple[float, float]]], device,
+                     timing, say, interleave: int = 0) -> None:
+    """The one measuring protocol of every provider. `entries`: ``(provider, row, problem,
+    check, ceilings)`` of one problem. Each provider is prepared and checked
+    (`_prepare_and_check`) and timed only if the check passed, then released. `interleave`
+    (rounds, 0: off; CUDA only): the providers that passed are timed together by
+    `timing.measure_interleaved` (CUDA-graph replays in turn, a fresh order each round, the L2
+    flushed by a read before each), so each sees the same clocks; otherwise one after another
+    with `timing.measure` (kwargs `timing`), each releasing before the next prepares."""
+    if interleave and device.type == "cuda":
+        ready = {}  # entry index -> (provider, row, ceilings)
+        try:
+            for i, (prov, row, problem, check, cl) in enumerate(entries):
+                if _prepare_and_check(prov, row, problem, check, device, say):
+                    ready[i] = (prov, row, cl)
+            if ready:
+                try:
+                    ts = measure_interleaved({i: p.run for i, (p, _, _) in ready.items()}, rounds=interleave,
+                                             device=device)
+                    for i, (_, row, cl) in ready.items():
+                        _fill_timing(row, ts[i], cl)
+                except Exception as exc:  # noqa: BLE001
+                    for _, row, _ in ready.values():
+                        row.update(status="error", message=f"interleaved timing: {type(exc).__name__}: {exc}"[:500])
+                    say(f"interleaved timing: {type(exc).__name__}: {exc}")
+        finally:
+            for prov, *_ in entries:
+                prov.release()
+        return
+    for prov, row, problem, check, cl in entries:
+        try:
+            if _prepare_and_check(prov, row, problem, check, device, say):
+                try:
+                    _fill_timing(row, measure(prov.run, device=device, **(timing or {})), cl)
+                except Exception as exc:  # noqa: BLE001
+                    row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
+                    say("".join(traceback.format_exception_only(type(exc), exc)).strip())
+        finally:
+            prov.release()
 
 
 def _base_row(problem: Problem, provider: str, env: dict[str, Any], ceilings: tuple[float, float]) -> dict[str, Any]:
@@ -290,8 +333,16 @@ def run_bench(
     ceilings: tuple[float, float] = (HBM_READ_CEILING_TBS, BF16_CEILING_TFLOPS),
     progress: Callable[[str], None] | None = _log,
     on_row: Callable[[list[dict[str, Any]]], None] | None = None,
+    interleave: int = 0,
 ) -> list[dict[str, Any]]:
     """Run every (case, projection, provider); return the JSON rows (with sum rows).
+
+    interleave: rounds of interleaved timing (0: off), CUDA only: the providers of one problem
+    are prepared together and replayed in turn (`timing.measure_interleaved`: CUDA graphs, the
+    L2 flushed by a read before each call; `timing` is then unused), so each sees the same
+    clocks. The H200 runs these kernels at its 700 W power cap, where a kernel timed alone sets
+    its own clock: one kernel read 1090 and 1155 us in two back-to-back `measure` runs
+    (twenty-eighth session, docs/performance.md). On the CPU it is ignored.
 
     timing: keyword arguments of `lowbit.bench.timing.measure` (rep_ms, cuda_graph...).
     on_row: called with the rows so far after each new row (e.g. to save partial results of
@@ -342,6 +393,7 @@ def run_bench(
         for proj in case.projections:
             problem = build_problem(case, proj.name, device)
             problem.reference()
+            entries, tags = [], []
             for name, prov in providers.items():
                 step += 1
                 tag = f"[{step}/{total} {time.time() - t_start:6.1f}s] {case.name} {proj.name} {name}"
@@ -351,16 +403,18 @@ def run_bench(
                     continue
                 row = _base_row(problem, name, env, ceilings)
                 row["refcheck_tol"] = tol
-                _check_then_time(prov, problem, row, lambda out, p=problem: refcheck(out, p, tol),
-                                 device, timing, ceilings, say)
+                entries.append((prov, row, problem, lambda out, p=problem: refcheck(out, p, tol), ceilings))
+                tags.append(tag)
+            _check_then_time(entries, device, timing, say, interleave)
+            for (_, row, *_), tag in zip(entries, tags):
                 rows.append(row)
-                if on_row is not None:
-                    on_row(rows)
                 us = f"{row['median_us']:.1f} us" if row.get("median_us") else "-"
                 rel = f"rel={row['rel_fro_err']:.1e}" if row.get("rel_fro_err") is not None else ""
                 cfg = row.get("provider_config") or {}
                 brief = {k: v for k, v in cfg.items() if k in ("mode", "block_shape", "gemm_type")}
                 say(f"{tag}: {row['status']} {us} {rel} {row['message'] or ''} {brief or ''}".rstrip())
+            if on_row is not None and entries:
+                on_row(rows)
             del problem
     for prov in providers.values():
         prov.clear()
@@ -368,7 +422,7 @@ def run_bench(
     rows.extend(_sum_rows(rows, ceilings))
     if op_cases:
         rows.extend(_run_op_cases(op_cases, provider_names, device=device, env=env, timing=timing, tol=tol,
-                                  ceilings=ceilings, say=say, done=rows, on_row=on_row))
+                                  ceilings=ceilings, say=say, done=rows, on_row=on_row, interleave=interleave))
     order = {c.name: i for i, c in enumerate(all_cases)}
     proj_order = {"gate_up": 0, "down": 1, "sum": 2}
     prov_order = {n: i for i, n in enumerate(provider_names)}
@@ -427,6 +481,7 @@ def _run_op_cases(
     say: Callable[[str], None],
     done: list[dict[str, Any]],
     on_row: Callable[[list[dict[str, Any]]], None] | None,
+    interleave: int = 0,
 ) -> list[dict[str, Any]]:
     """The op families (`lowbit.bench.ops`): one problem per case, one row per provider whose
     group (lowbit / humming / torch) or name is in `provider_names`; same statuses as the
@@ -474,6 +529,7 @@ def _run_op_cases(
                        date=env.get("date"))
             rows.append(row)
             continue
+        entries, tags = [], []
         for prov in instances[case.family]:
             step += 1
             tag = f"[op {step}/{total} {time.time() - t_start:6.1f}s] {case.name} {prov.name}"
@@ -483,14 +539,16 @@ def _run_op_cases(
                 continue
             row = _op_row(problem, prov, env, cl, tol)
             row["baseline"] = baseline
-            _check_then_time(prov, problem, row, lambda out, p=problem, pv=prov: check_op_output(p, pv, out, tol),
-                             device, timing, cl, say)
+            entries.append((prov, row, problem, lambda out, p=problem, pv=prov: check_op_output(p, pv, out, tol), cl))
+            tags.append(tag)
+        _check_then_time(entries, device, timing, say, interleave)
+        for (_, row, *_), tag in zip(entries, tags):
             rows.append(row)
-            if on_row is not None:
-                on_row(done + rows)
             us = f"{row['median_us']:.1f} us" if row.get("median_us") else "-"
             rel = f"rel={row['rel_fro_err']:.1e}" if row.get("rel_fro_err") is not None else ""
             say(f"{tag}: {row['status']} {us} {rel} {row['message'] or ''}".rstrip())
+        if on_row is not None and entries:
+            on_row(done + rows)
         del problem
     for provs in instances.values():
         for prov in provs:
