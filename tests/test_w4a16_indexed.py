@@ -476,7 +476,7 @@ def test_gluon_default_for_decode(monkeypatch):
     group-loop tile unless the grid is thin), the 32-row block (its 128x32 group loop) up to 22,
     the 64-row block from there (the one-warpgroup 128x64 with its half tail), the 128-row
     block past tok_e 90 (its half-empty blocks on the 64-row tile, said in the reason) except for
-    tok_e 115-360 with K past one step (the 64-row block again). A one-step K (TP8 down) runs the
+    tok_e 115-200 with K past one step (the 64-row block again). A one-step K (TP8 down) runs the
     block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
     blocks exist only on the Gluon kernel; an engine override wins."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
@@ -527,8 +527,8 @@ def test_gluon_default_for_decode(monkeypatch):
         assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
         assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
         assert "refilled by halves" not in c.reason, c
-    # ... and the 64-row block again in its middle (`_PREFILL_64_RANGE`), K past one step: edges tok_e 115 / 360
-    for routes, block in ((5520, 128), (5568, 64), (8192, 64), (17280, 64), (17328, 128)):
+    # ... and the 64-row block again in its middle (`_PREFILL_64_RANGE`), K past one step: edges tok_e 115 / 200
+    for routes, block in ((5520, 128), (5568, 64), (8192, 64), (9600, 64), (9648, 128), (17280, 128)):
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert c.block_m == block, (routes, c)
         if block == 64:

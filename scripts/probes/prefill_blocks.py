@@ -44,12 +44,12 @@ def compare(draws) -> None:
 
 
 def ep8() -> None:
-    compare(v.indexed_draws("ep8_indexed_t1024", (640, 768, 896, 1280, 1536, 2048), 48,
+    compare(v.indexed_draws("ep8_indexed_t1024", (640, 768, 896, 1152, 1280, 1536, 2048), 48,
                             {"gate_up": (4096, 7168), "down": (7168, 2048)}, seed=13))
 
 
 def tp8() -> None:
-    compare(v.indexed_draws("tp8_indexed_t8192", (6144, 10240, 12288), 384, {"gate_up": (512, 7168)}, seed=13))
+    compare(v.indexed_draws("tp8_indexed_t8192", (6144, 9216, 10240, 12288), 384, {"gate_up": (512, 7168)}, seed=13))
 
 
 def tp8mid() -> None:

@@ -3,6 +3,7 @@
 
     VARIANT_CASES=chain python scripts/probes/variant_cases.py [indexed] [grouped]
     VARIANT_CASES=nodeq,nogather,noacts python scripts/probes/variant_cases.py indexed
+    VARIANT_CASES=old VARIANT_OLD=path/to/old_w4a16_sm90.py python scripts/probes/variant_cases.py
 
 Every case runs the public entry points with their heuristics' tiles, once on the kernel module
 and once on each variant (the module swapped in ``sys.modules`` around the call); one process,
@@ -19,6 +20,8 @@ bounds probes whose outputs are garbage). Variants:
 - ``nogather``: the indexed kernels' cp.async gather of the routed rows never copies (the
   ring keeps its zeros).
 - ``noacts``: the grouped kernels' activation TMA only for the first two steps.
+- ``old``: another version of the module's source (the file `VARIANT_OLD`, e.g. the last
+  commit's): a kernel change measured against what it replaces ("x" < 1: the change is faster).
 
 H200, 2026-11-30 (twenty-second session): "chain" 0.96-1.04x (not adopted); without the
 dequantization the one-warpgroup 128x32 / 128x64 tiles ran 1.23-1.33x faster, the 256x128
@@ -53,7 +56,11 @@ NODEQ = [('return gl.inline_asm_elementwise(PTX, "=r,r,r,r,r,r,r", [words, f, c]
 EDITS = {"chain": CHAIN, "nodeq": NODEQ, "nogather": [v.NO_GATHER], "noacts": v.NO_ACT_LOADS,
          "nodeq_nogather": NODEQ + [v.NO_GATHER], "nodeq_noacts": NODEQ + v.NO_ACT_LOADS}
 NAMES = os.environ.get("VARIANT_CASES", "chain").split(",")
-MODS = {"kernel": base, **{n: v.variant(n, EDITS[n]) for n in NAMES}}
+if "old" in NAMES:  # the kernel module against another version of its source (VARIANT_OLD: a file)
+    with open(os.environ["VARIANT_OLD"]) as f:
+        OLD_SRC = f.read()
+MODS = {"kernel": base, **{n: v.variant(n, [], base=OLD_SRC) if n == "old" else v.variant(n, EDITS[n])
+                           for n in NAMES}}
 gen = torch.Generator(device="cuda").manual_seed(29)
 which = sys.argv[1:] or ["indexed", "grouped"]
 
@@ -83,7 +90,7 @@ def compare(label, make_call, out, nbytes, valid=None):
 PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 
 if "indexed" in which:
-    for label, e, tok, projs in (("EP8", 48, 8, PROJ), ("EP8", 48, 128, PROJ), ("EP8", 48, 256, PROJ),
+    for label, e, tok, projs in (("EP8", 48, 8, PROJ), ("EP8", 48, 50, PROJ), ("EP8", 48, 128, PROJ), ("EP8", 48, 256, PROJ),
                                  ("EP8", 48, 1024, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),))):
         ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
         hit = int(torch.unique(ids).numel())
@@ -109,7 +116,7 @@ if "grouped" in which:
         out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         compare(f"contiguous 128 {proj}", lambda o, a=a, w=w, m_idx=m_idx: lowbit.w4a16_contiguous(a, w, m_idx, out=o),
                 out, e * n * kk * (0.5 + 2 / 32))
-    for tok in (16, 32):
+    for tok in (16, 32, 64):
         counts = (tok * (0.7 + 0.6 * torch.rand(e, generator=gen, device="cuda"))).round().to(torch.int32)
         valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
         for proj, n, kk in PROJ:

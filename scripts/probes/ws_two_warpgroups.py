@@ -4,6 +4,7 @@ layout of Humming's prefill tile -- against the indexed defaults -- a probe, not
 
     python scripts/probes/ws_two_warpgroups.py compile   # no GPU needed
     python scripts/probes/ws_two_warpgroups.py           # H200: the A/B
+    python scripts/probes/ws_two_warpgroups.py ncu ws256x128   # three launches of one variant, for ncu
 
 Why: the four-warpgroup tiles cannot take a producer (20 warps leave a consumer 112 registers:
 wgmmas serialized, C7512), and the 256x128 tile's top stall is its warpgroups' wait for their
@@ -70,5 +71,25 @@ def ab() -> None:
                                          for k in fns), flush=True)
 
 
+def ncu(name: str, reps: int = 3) -> None:
+    """`reps` launches of variant `name` on the bench's ``ep8_indexed_t1024`` gate_up draw (for
+    ``ncu --launch-skip 1 --launch-count 1 -k regex:w4a16_indexed``)."""
+    import variants as v
+
+    from lowbit import routing
+    _, block, tile, ws = next(x for x in VARIANTS if x[0] == name)
+    label, a, w, ids = v.indexed_draws("ep8_indexed_t1024", (), 48, {"gate_up": (4096, 7168)}, seed=1)[0]
+    r = routing.moe_align_block_size(ids, block, w.num_experts)
+    o = torch.empty((a.shape[0] * ids.shape[1], w.n), dtype=torch.bfloat16, device="cuda")
+    for _ in range(reps):
+        m.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, ids.shape[1],
+                                    None, o, tile, True, ws)
+    torch.cuda.synchronize()
+    print(label, name, flush=True)
+
+
 if __name__ == "__main__":
-    compile_only() if sys.argv[1:] == ["compile"] else ab()
+    if sys.argv[1:2] == ["ncu"]:
+        ncu(sys.argv[2])
+    else:
+        compile_only() if sys.argv[1:] == ["compile"] else ab()

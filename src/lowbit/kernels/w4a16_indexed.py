@@ -217,9 +217,18 @@ _GLUON_BLOCKS = (
 #: 794.5, 2048 (341) 2043.1 -> 2050.2 / 1033.6 -> 1031.9; TP8 gate_up 6144 / 8192 (the bench's) /
 #: 10240 / 12288 tokens 874.4 -> 850.2, 1142.0 -> 1067.3, 1354.7 -> 1349.2, 1611.7 -> 1578.3.
 #: Not measured past tok_e 341, nor for a one-step K (TP down keeps the 128-row N loop).
-_PREFILL_64_RANGE = (115, 360, "sm_90 prefill, K past one step: register-A Gluon kernel, 64-row routing "
-                               "block (H200 Kimi EP8 tok_e 128-256: 1.01-1.11x the 128-row block, level at "
-                               "213 and 341; TP8 gate_up tok_e 128-256: 1.00-1.07x)")
+#: Twenty-ninth session: the four-warpgroup loop dequantizes a step's group 0 under the previous
+#: step's last products (`w4a16_sm90._rs_groups_mainloop`), so the 256x128 gained and the range
+#: ends at 200 (same probe, call 7, us, 128-row -> 64-row): EP8 gate_up / down at 768 (128) 814.8
+#: -> 797.5 / 470.2 -> 437.5, 896 (149) 1055.5 -> 953.8 / 548.1 -> 494.3, 1024 (171, the bench's)
+#: 1054.4 -> 1018.1 / 568.3 -> 539.7, 1152 (192) 1179.2 -> 1164.7 / 597.9 -> 601.8 (level), 1280
+#: (213) 1217.7 -> 1272.0 / 648.3 -> 673.5, 1536 (256) 1509.1 -> 1530.3 / 767.2 -> 780.3, 2048
+#: (341) 2074.2 -> 2181.6 / 1007.1 -> 1039.0 (the 128-row block 1.01-1.05x from 213); TP8 gate_up
+#: 6144 / 8192 / 9216 / 10240 / 12288 tokens 860.7 -> 839.1, 1100.6 -> 1055.0, 1187.0 -> 1184.1,
+#: 1288.7 -> 1351.2, 1551.6 -> 1575.5.
+_PREFILL_64_RANGE = (115, 200, "sm_90 prefill, K past one step: register-A Gluon kernel, 64-row routing "
+                               "block (H200 Kimi EP8 tok_e 128-171: 1.04-1.11x the 128-row block, level at "
+                               "192; TP8 gate_up tok_e 128-171: 1.03-1.04x)")
 
 
 #: A one-step K (TP8 down: the N-loop kernel) takes the 128-row block from this tok_e (exclusive)

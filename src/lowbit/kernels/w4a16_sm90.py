@@ -811,6 +811,15 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
 
 
 @gluon.jit
+def _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt, nk, wready, xready, wring, sring,
+                  xs, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+    """Loop step `kt`'s stage of the rings refilled with step ``kt + STAGES`` (none past `nk`)."""
+    s = kt % STAGES
+    _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + STAGES, wready.index(s), wring, sring, s, kt + STAGES < nk)
+    _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
+
+
+@gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk,
                         PDL_WAIT: gl.constexpr = False):
@@ -823,7 +832,18 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     specialization is not offered: its producer warpgroup leaves a consumer 112 registers, and
     ptxas then serializes the wgmmas (C7512). Every warpgroup retires its products at the end
     of a step (an outstanding wgmma across the loop's back edge serializes them too: C7515),
-    then a CTA barrier and the refill of the stage with step k + STAGES."""
+    then a CTA barrier and the refill of the stage with step k + STAGES.
+
+    Four-warpgroup tiles (EARLY_G0): that barrier lines up every warpgroup's idle gap (wait for
+    the step's words, load them, dequantize group 0) on the one CTA of the SM, so the tensor pipe
+    drained at each step (ncu, twenty-ninth session: 53% busy at 1.78 GHz on the 256x128). Group
+    0 of step k+1 is dequantized while step k's last products run, and issued right after the
+    barrier, before the refill of step k's stage. H200, twenty-ninth session
+    (`scripts/probes/variant_cases.py` with ``VARIANT_CASES=old``, one process, interleaved,
+    bit-identical, us): Kimi EP8 contiguous 128 rows/expert 256x128 gate_up 559.9 -> 527.3, down
+    322.9 -> 302.7 (1.06-1.07x); indexed 256x128 1.04-1.05x (`w4a16_indexed._PREFILL_64_RANGE`).
+    Not for the one-warpgroup group-loop tiles and `_rs_halves_mainloop`, whose two to eight CTAs
+    an SM already overlap their gaps: there it ran 0.94-0.97x (EP8 8-1024 tokens, TP8, masked)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -834,30 +854,49 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
         gl.thread_barrier()
 
     acc = gl.zeros([BW, BR], gl.float32, mma)
+    EARLY_G0: gl.constexpr = BW > 128
+    if EARLY_G0:
+        mbarrier.wait(wready.index(0), 0)
+        words = wring.index(0).load(dot_a)
+        nxt = _dequant_group_regs(words, sring.index(0)._reinterpret(gl.bfloat16, [8 * BW], flat), 0, rows_l)
     for kt in range(nk):
         s = kt % STAGES
-        ph = (kt // STAGES) & 1
-        mbarrier.wait(wready.index(s), ph)
-        if not GATHER:
-            mbarrier.wait(xready.index(s), ph)
+        if EARLY_G0:
+            if not GATHER:
+                mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
+            # group 0, dequantized under the previous step's last products, issued straight after
+            # the CTA barrier and before the refill of the previous step's stage
+            acc = warpgroup_mma(nxt, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+            prev = nxt
+            if kt > 0:  # every warpgroup is done with step kt-1's stage (the barrier below)
+                _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt - 1, nk, wready,
+                              xready, wring, sring, xs, STAGES, GATHER, x_l)
+        else:
+            mbarrier.wait(wready.index(s), (kt // STAGES) & 1)
+            if not GATHER:
+                mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
+            words = wring.index(s).load(dot_a)
+            prev = _dequant_group_regs(words, sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat), 0, rows_l)
+            acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
         scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
-        words = wring.index(s).load(dot_a)
-        prev = _dequant_group_regs(words, scales, 0, rows_l)
-        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
         for g in gl.static_range(1, _GROUPS):
             w = _dequant_group_regs(words, scales, g, rows_l)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
             acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)
             prev = w
+        if EARLY_G0:  # step k+1's group 0 while group 7's products run (past the last step: a stale stage, unused)
+            s1 = (kt + 1) % STAGES
+            mbarrier.wait(wready.index(s1), ((kt + 1) // STAGES) & 1, pred=kt + 1 < nk)
+            words = wring.index(s1).load(dot_a)
+            nxt = _dequant_group_regs(words, sring.index(s1)._reinterpret(gl.bfloat16, [8 * BW], flat), 0, rows_l)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
         if GATHER:  # step k+1's rows: groups committed so far = STAGES + kt, the newest STAGES-2 may fly
             async_copy.wait_group(STAGES - 2)
             fence_async_shared()
         gl.thread_barrier()  # every warpgroup is done with stage s
-        _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + STAGES, wready.index(s), wring, sring, s,
-                      kt + STAGES < nk)
-        _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER,
-                   x_l)
+        if not EARLY_G0:
+            _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt, nk, wready, xready,
+                          wring, sring, xs, STAGES, GATHER, x_l)
     _rs_rings_done(wready, xready, STAGES, GATHER)
     return acc
 
@@ -1003,17 +1042,28 @@ def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, m
 
     acc = gl.zeros([BW, BR_HI], gl.float32, mma)
     acc2 = gl.zeros([BW, BR_LO], gl.float32, mma2)
+    # `_rs_groups_mainloop`'s four-warpgroup schedule: group 0 of a step dequantized under the
+    # previous step's last products, issued before the refill
+    mbarrier.wait(wready.index(0), 0)
+    words = wring.index(0).load(dot_a)
+    nxt = _dequant_group_regs(words, sring.index(0)._reinterpret(gl.bfloat16, [8 * BW], flat), 0, rows_l)
     for kt in range(nk):
         s = kt % STAGES
-        ph = (kt // STAGES) & 1
-        mbarrier.wait(wready.index(s), ph)
-        mbarrier.wait(xready.index(s), ph)
-        scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
-        words = wring.index(s).load(dot_a)
-        prev = _dequant_group_regs(words, scales, 0, rows_l)
-        acc = warpgroup_mma(prev, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
-        acc2 = warpgroup_mma(gl.convert_layout(prev, dot_a2), xs2.index(s * _GROUPS).permute((1, 0)), acc2,
+        mbarrier.wait(xready.index(s), (kt // STAGES) & 1)
+        acc = warpgroup_mma(nxt, xs.index(s * _GROUPS).permute((1, 0)), acc, is_async=True)
+        acc2 = warpgroup_mma(gl.convert_layout(nxt, dot_a2), xs2.index(s * _GROUPS).permute((1, 0)), acc2,
                              is_async=True)
+        prev = nxt
+        if kt > 0:  # every warpgroup is done with step kt-1's stage (the barrier below)
+            sp = (kt - 1) % STAGES
+            fill = kt - 1 + STAGES
+            _load_weights(w_desc, s_desc, wrow, srow, n0, fill, wready.index(sp), wring, sring, sp, fill < nk)
+            mbarrier.expect(xready.index(sp), act_bytes, pred=fill < nk)
+            tma.async_copy_global_to_shared(x_desc, [fill * _GROUPS, r0, 0], xready.index(sp), _stage_boxes(xs, sp),
+                                            pred=fill < nk)
+            tma.async_copy_global_to_shared(x2_desc, [fill * _GROUPS, r0 + BR_HI, 0], xready.index(sp),
+                                            _stage_boxes(xs2, sp), pred=fill < nk)
+        scales = sring.index(s)._reinterpret(gl.bfloat16, [8 * BW], flat)
         for g in gl.static_range(1, _GROUPS):
             w = _dequant_group_regs(words, scales, g, rows_l)
             done = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, prev))
@@ -1023,17 +1073,14 @@ def _rs_split_mainloop(x_desc, x2_desc, w_desc, s_desc, r0, wrow, srow, n0, K, m
             acc2 = warpgroup_mma(gl.convert_layout(w, dot_a2), xs2.index(s * _GROUPS + g).permute((1, 0)), acc2,
                                  is_async=True)
             prev = w
+        s1 = (kt + 1) % STAGES
+        mbarrier.wait(wready.index(s1), ((kt + 1) // STAGES) & 1, pred=kt + 1 < nk)
+        words = wring.index(s1).load(dot_a)
+        nxt = _dequant_group_regs(words, sring.index(s1)._reinterpret(gl.bfloat16, [8 * BW], flat), 0, rows_l)
         done = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, prev))
         acc = done[0]
         acc2 = done[1]
         gl.thread_barrier()  # every warpgroup is done with stage s
-        nxt = kt + STAGES
-        _load_weights(w_desc, s_desc, wrow, srow, n0, nxt, wready.index(s), wring, sring, s, nxt < nk)
-        mbarrier.expect(xready.index(s), act_bytes, pred=nxt < nk)
-        tma.async_copy_global_to_shared(x_desc, [nxt * _GROUPS, r0, 0], xready.index(s), _stage_boxes(xs, s),
-                                        pred=nxt < nk)
-        tma.async_copy_global_to_shared(x2_desc, [nxt * _GROUPS, r0 + BR_HI, 0], xready.index(s),
-                                        _stage_boxes(xs2, s), pred=nxt < nk)
     _rs_rings_done(wready, xready, STAGES, False)
     return _unscaled(acc), _unscaled(acc2)
 
