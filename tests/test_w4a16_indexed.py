@@ -214,6 +214,19 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
             _check(a_odd, wq, pw, ids, block, 2, "cuda")
 
 
+def test_four_warpgroup_gather_drops_the_k_check_only_on_whole_steps():
+    """The register-A indexed kernel's gather masks K per copy unless the tile is a four-warpgroup
+    one of `EVEN_K_GATHER_TILES` (not warp-specialized) and K a multiple of 256 (K_TAIL)."""
+    from lowbit.kernels.w4a16_sm90 import EVEN_K_GATHER_TILES, _indexed_rs_constexprs
+
+    for tile in EVEN_K_GATHER_TILES:
+        assert not _indexed_rs_constexprs(tile, False, 7168)["K_TAIL"]
+        assert _indexed_rs_constexprs(tile, False, 7200)["K_TAIL"]  # a K tail: zero-filled past K
+        assert _indexed_rs_constexprs(tile, False)["K_TAIL"]  # K unknown
+    assert _indexed_rs_constexprs((256, 64, 16, 3), True, 7168)["K_TAIL"]  # the producer's gather keeps it
+    assert _indexed_rs_constexprs((128, 64, 4, 2), False, 7168)["K_TAIL"]  # one-warpgroup tiles keep it
+
+
 def test_gluon_engine_contract(gen, monkeypatch):
     """LOWBIT_W4A16_ENGINE=gluon: the Gluon tile for the routing block (no split-K, even where
     the heuristic splits), refused without a CUDA GPU, bad engine names refused."""

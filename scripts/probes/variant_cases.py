@@ -20,6 +20,8 @@ bounds probes whose outputs are garbage). Variants:
 - ``nogather``: the indexed kernels' cp.async gather of the routed rows never copies (the
   ring keeps its zeros).
 - ``noacts``: the grouped kernels' activation TMA only for the first two steps.
+- ``evenk``: the cp.async gather without its K-bound check (a bound: valid for K % 256 == 0).
+- ``widehalf``: the four-warpgroup indexed tiles' half-tail gather in 16-byte pieces.
 - ``old``: another version of the module's source (the file `VARIANT_OLD`, e.g. the last
   commit's): a kernel change measured against what it replaces ("x" < 1: the change is faster).
 
@@ -53,7 +55,13 @@ NODEQ = [('return gl.inline_asm_elementwise(PTX, "=r,r,r,r,r,r,r", [words, f, c]
           'pack=2)',
           'return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r,r,r", [words, f, c], dtype=gl.bfloat16, '
           'is_pure=True, pack=2)')]
-EDITS = {"chain": CHAIN, "nodeq": NODEQ, "nogather": [v.NO_GATHER], "noacts": v.NO_ACT_LOADS,
+#: The gather's K bound dropped (every bench K is a multiple of 256): what the per-copy check costs.
+EVENK = [("mask=row_ok & (k0 < K))", "mask=row_ok)")]
+#: The four-warpgroup tiles' half-tail gather in 16-byte pieces (`_gather_layout(wide_pieces=True)`),
+#: where the default layout copies 8-byte pieces for 64 rows over 16 warps.
+WIDEHALF = [('"X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop) if half else None,',
+             '"X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop or warps == 16) if half else None,')]
+EDITS = {"chain": CHAIN, "evenk": EVENK, "widehalf": WIDEHALF, "evenk_widehalf": EVENK + WIDEHALF, "nodeq": NODEQ, "nogather": [v.NO_GATHER], "noacts": v.NO_ACT_LOADS,
          "nodeq_nogather": NODEQ + [v.NO_GATHER], "nodeq_noacts": NODEQ + v.NO_ACT_LOADS}
 NAMES = os.environ.get("VARIANT_CASES", "chain").split(",")
 if "old" in NAMES:  # the kernel module against another version of its source (VARIANT_OLD: a file)
@@ -91,7 +99,7 @@ PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 
 if "indexed" in which:
     for label, e, tok, projs in (("EP8", 48, 8, PROJ), ("EP8", 48, 50, PROJ), ("EP8", 48, 128, PROJ), ("EP8", 48, 256, PROJ),
-                                 ("EP8", 48, 1024, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),))):
+                                 ("EP8", 48, 1024, PROJ), ("EP8", 48, 2048, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),))):
         ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
         hit = int(torch.unique(ids).numel())
         for i, (proj, n, kk) in enumerate(projs):

@@ -620,25 +620,29 @@ def _stage_boxes(xs, st, GROUPS: gl.constexpr = _GROUPS):
 
 
 @gluon.jit
-def _gather_boxes(boxes, a_rows, row_ok, kt, K, x_l: gl.constexpr, g0: gl.constexpr = 0):
+def _gather_boxes(boxes, a_rows, row_ok, kt, K, x_l: gl.constexpr, g0: gl.constexpr = 0, K_TAIL: gl.constexpr = True):
     """cp.async of the routed activation rows into `boxes`, a ``[G, BR, 32]`` view
     (`_stage_boxes`): box i gets group ``g0 + i`` of K step `kt` (K ``256kt + 32(g0 + i) ..``), in
     one copy op; masked rows and K past the end are zero-filled, so sentinel slots and the K tail
     multiply as zeros. No registers hold the rows. One op, not one a group: Triton's barrier pass
     orders every shared-memory write after the previous one, so eight ops cost eight CTA barriers
     a step (SASS, 2026-11-30). `a_rows`, `row_ok`: ``[1, BR, 1]`` (`_gathered_rows`). The rows
-    must be 16-byte aligned (`w4a16_indexed_sm90_launch` checks)."""
+    must be 16-byte aligned (`w4a16_indexed_sm90_launch` checks). Without K_TAIL (K a multiple of
+    256, `EVEN_K_GATHER_TILES`) only the rows are masked."""
     G: gl.constexpr = boxes.shape[0]
     g = gl.arange(0, G, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_l)))[:, None, None] + g0
     j = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_l)))[None, None, :]
     k0 = kt * 256 + g * 32  # K is a multiple of 32 (group size): a group is all in or all out
-    async_copy.async_copy_global_to_shared(boxes, a_rows + (k0 + j), mask=row_ok & (k0 < K))
+    if K_TAIL:
+        async_copy.async_copy_global_to_shared(boxes, a_rows + (k0 + j), mask=row_ok & (k0 < K))
+    else:
+        async_copy.async_copy_global_to_shared(boxes, a_rows + (k0 + j), mask=row_ok)
 
 
 @gluon.jit
-def _gather_async(xs, st, a_rows, row_ok, kt, K, x_l: gl.constexpr):
+def _gather_async(xs, st, a_rows, row_ok, kt, K, x_l: gl.constexpr, K_TAIL: gl.constexpr = True):
     """`_gather_boxes` of K step `kt` into stage `st` of the ring `xs` (eight ``[BR, 32]`` boxes)."""
-    _gather_boxes(_stage_boxes(xs, st), a_rows, row_ok, kt, K, x_l)
+    _gather_boxes(_stage_boxes(xs, st), a_rows, row_ok, kt, K, x_l, 0, K_TAIL)
 
 
 @gluon.jit
@@ -650,14 +654,15 @@ def _load_weights(w_desc, s_desc, wrow, srow, n0, kt, bar, wring, sring, st, pre
 
 
 @gluon.jit
-def _load_acts(x_desc, a_rows, row_ok, K, r0, kt, bar, xs, st, pred, GATHER: gl.constexpr, x_l: gl.constexpr):
+def _load_acts(x_desc, a_rows, row_ok, K, r0, kt, bar, xs, st, pred, GATHER: gl.constexpr, x_l: gl.constexpr,
+               K_TAIL: gl.constexpr = True):
     """Step `kt`'s activations into stage `st` of the activation ring: one TMA of the eight
     ``[BR, 32]`` boxes of rows ``r0 ..`` (`x_desc`: the 3-D group view of `_act_desc`) arriving
     on `bar`, or, with GATHER, a cp.async gather of the routed row pointers `a_rows` (one commit
     group a step, waited for with ``async_copy.wait_group``; `bar` unused). One op either way:
     Triton's barrier pass puts a CTA barrier between two ops that signal the same mbarrier."""
     if GATHER:
-        _gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l)
+        _gather_async(xs, st, a_rows, row_ok & pred, kt, K, x_l, K_TAIL)
         async_copy.commit_group()
     else:
         mbarrier.expect(bar, x_desc.block_type.nbytes, pred=pred)
@@ -678,7 +683,8 @@ def _act_ring(x_desc, BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constex
 
 @gluon.jit
 def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR: gl.constexpr, STAGES: gl.constexpr,
-              GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk, PDL_WAIT: gl.constexpr = False):
+              GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk, PDL_WAIT: gl.constexpr = False,
+              K_TAIL: gl.constexpr = True):
     """The register-A main loops' rings (activations, words + scales, one ready mbarrier a stage
     each) with steps 0 .. STAGES-1 in flight; with GATHER, this thread's copies of step 0 landed
     and fenced (every thread's once the caller passes a CTA barrier). Returns the rings, the
@@ -696,12 +702,12 @@ def _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, BR:
     for i in gl.static_range(STAGES):
         _load_weights(w_desc, s_desc, wrow, srow, n0, ks + i, wready.index(i), wring, sring, i, i < nk)
         if not PDL_WAIT:
-            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l, K_TAIL)
     if PDL_WAIT:  # the weights are constant: they travel while the previous kernel finishes
         gl_wait_prior()
         gl_release_next()
         for i in gl.static_range(STAGES):
-            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l)
+            _load_acts(x_desc, a_rows, row_ok, K, r0, ks + i, xready.index(i), xs, i, i < nk, GATHER, x_l, K_TAIL)
     if GATHER:
         async_copy.wait_group(STAGES - 1)
         fence_async_shared()
@@ -721,7 +727,7 @@ def _rs_rings_done(wready, xready, STAGES: gl.constexpr, GATHER: gl.constexpr):
 def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                  BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr,
                  SPLIT_ACC: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
-                 PDL_WAIT: gl.constexpr = False, HALF_ACTS: gl.constexpr = False):
+                 PDL_WAIT: gl.constexpr = False, HALF_ACTS: gl.constexpr = False, K_TAIL: gl.constexpr = True):
     """The register-A main loop of a tile: up to 128 weight rows (one or two warpgroups) hold a
     whole step's fragments twice (`_rs_steps_mainloop`, which SPLIT_ACC gives two accumulators);
     four-warpgroup tiles (256 weight rows), and with GROUP_LOOP one-warpgroup tiles under a
@@ -735,7 +741,7 @@ def _rs_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, 
                                   GATHER, x_l, ks, nk, PDL_WAIT)
     elif w_desc.block_type.shape[0] > 128 or GROUP_LOOP:
         acc = _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
-                                  GATHER, x_l, ks, nk, PDL_WAIT)
+                                  GATHER, x_l, ks, nk, PDL_WAIT, K_TAIL)
     else:
         acc = _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma, BR, STAGES,
                                  GATHER, x_l, SPLIT_ACC, ks, nk, PDL_WAIT)
@@ -812,17 +818,18 @@ def _rs_steps_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n
 
 @gluon.jit
 def _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt, nk, wready, xready, wring, sring,
-                  xs, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr):
+                  xs, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, K_TAIL: gl.constexpr = True):
     """Loop step `kt`'s stage of the rings refilled with step ``kt + STAGES`` (none past `nk`)."""
     s = kt % STAGES
     _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt + STAGES, wready.index(s), wring, sring, s, kt + STAGES < nk)
-    _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l)
+    _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt + STAGES, xready.index(s), xs, s, kt + STAGES < nk, GATHER, x_l,
+               K_TAIL)
 
 
 @gluon.jit
 def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, mma: gl.constexpr,
                         BR: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, x_l: gl.constexpr, ks, nk,
-                        PDL_WAIT: gl.constexpr = False):
+                        PDL_WAIT: gl.constexpr = False, K_TAIL: gl.constexpr = True):
     """`_rs_steps_mainloop` for four-warpgroup tiles (256 weight rows, 16 warps): half the activation
     bytes a FLOP of the 128-row tiles (each activation block read once for 256 weight rows).
     Also the one-warpgroup decode tiles of `GROUP_LOOP_MAXNREG`: 64 registers, eight CTAs an SM.
@@ -849,7 +856,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     BW: gl.constexpr = w_desc.block_type.shape[0]
     xs, wring, sring, wready, xready, nk = _rs_rings(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K,
-                                                     BR, STAGES, GATHER, x_l, ks, nk, PDL_WAIT)
+                                                     BR, STAGES, GATHER, x_l, ks, nk, PDL_WAIT, K_TAIL)
     if GATHER:  # step 0's rows: this thread's landed; every thread's after the barrier
         gl.thread_barrier()
 
@@ -870,7 +877,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
             prev = nxt
             if kt > 0:  # every warpgroup is done with step kt-1's stage (the barrier below)
                 _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt - 1, nk, wready,
-                              xready, wring, sring, xs, STAGES, GATHER, x_l)
+                              xready, wring, sring, xs, STAGES, GATHER, x_l, K_TAIL)
         else:
             mbarrier.wait(wready.index(s), (kt // STAGES) & 1)
             if not GATHER:
@@ -896,7 +903,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
         gl.thread_barrier()  # every warpgroup is done with stage s
         if not EARLY_G0:
             _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt, nk, wready, xready,
-                          wring, sring, xs, STAGES, GATHER, x_l)
+                          wring, sring, xs, STAGES, GATHER, x_l, K_TAIL)
     _rs_rings_done(wready, xready, STAGES, GATHER)
     return acc
 
@@ -1518,7 +1525,7 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
                       stride_cm, BR: gl.constexpr, STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                       X_LAYOUT: gl.constexpr, num_warps: gl.constexpr, WARP_SPECIALIZE: gl.constexpr = False,
                       QUARTER: gl.constexpr = False, GROUP_LOOP: gl.constexpr = False, ks=0, nk=None,
-                      PDL_WAIT: gl.constexpr = False, HALF_ACTS: gl.constexpr = False):
+                      PDL_WAIT: gl.constexpr = False, HALF_ACTS: gl.constexpr = False, K_TAIL: gl.constexpr = True):
     """One routing block's tile on `_rs_mainloop` (`_ws_mainloop` with WARP_SPECIALIZE, its
     producer gathering with X_LAYOUT): the first BR slots at `ids_ptr` (the block's sorted ids)
     gathered, multiplied and stored; with QUARTER (warp-specialized four-warpgroup tiles) only
@@ -1542,7 +1549,8 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
     else:
         row_ok, a_rows = _gathered_rows(a_ptr, ids_ptr, 0, num_routes, top_k, stride_am, BR, X_LAYOUT)
         acc = _rs_mainloop(w_desc, a_rows, row_ok, w_desc, s_desc, 0, wrow, srow, n0, K, mma, BR, STAGES, True,
-                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT, HALF_ACTS=HALF_ACTS)
+                           X_LAYOUT, GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL_WAIT, HALF_ACTS=HALF_ACTS,
+                           K_TAIL=K_TAIL)
     _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
 
 
@@ -1570,6 +1578,7 @@ def _w4a16_indexed_rs_kernel(
     WARP_SPECIALIZE: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr, X_HALF_LAYOUT: gl.constexpr,
     QUARTER_TAIL: gl.constexpr, GROUP_LOOP: gl.constexpr, num_warps: gl.constexpr,
     SPLIT_K: gl.constexpr = 1, stride_ws=0, PDL: gl.constexpr = 0, HALF_ACTS: gl.constexpr = False,
+    K_TAIL: gl.constexpr = True,
 ):
     """The indexed layout on the register-A main loop (`_rs_mainloop`; GROUP_LOOP: one group at a
     time, `GROUP_LOOP_MAXNREG`): the routed rows (row
@@ -1588,7 +1597,9 @@ def _w4a16_indexed_rs_kernel(
     `w4a16_indexed`'s reduction kernel.
     PDL (`pdl`): 0 launched without it; 1 wait on the previous kernel first; 2 (register-A main
     loop only) read the routing and TMA the first STAGES weight steps, then wait: the routing
-    must have been written two launches or more before this one."""
+    must have been written two launches or more before this one.
+    K_TAIL: the gather masks K per copy (K may end inside a 256-wide step); without it, rows only
+    (`EVEN_K_GATHER_TILES`: four-warpgroup tiles on a K that is a multiple of 256)."""
     BW: gl.constexpr = w_desc.block_type.shape[0]
     gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
     gl.static_assert(SPLIT_K == 1 or not WARP_SPECIALIZE, "SPLIT_K: the register-A main loop only")
@@ -1620,14 +1631,15 @@ def _w4a16_indexed_rs_kernel(
     if HALF_TAIL and half_free:  # no route in the second half
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR // 2, STAGES, MUL_WEIGHT, X_HALF_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2, K_TAIL=K_TAIL)
     elif QUARTER_TAIL and quarter_free:  # none in the last quarter
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, True, True)
     else:
         _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, N, K, num_routes, top_k,
                           stride_am, stride_cm, BR, STAGES, MUL_WEIGHT, X_LAYOUT, num_warps, WARP_SPECIALIZE,
-                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2, HALF_ACTS=HALF_ACTS)
+                          GROUP_LOOP=GROUP_LOOP, ks=ks, nk=nk, PDL_WAIT=PDL == 2, HALF_ACTS=HALF_ACTS,
+                          K_TAIL=K_TAIL)
 
 
 @gluon.jit
@@ -2161,8 +2173,19 @@ def _grouped_rs_constexprs(tile, warp_specialize: bool, masked: bool) -> dict:
             "HALF_ACTS": _half_acts(tile, warp_specialize, "masked" if masked else "contiguous")}
 
 
-def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
-    """The register-A indexed kernel's layout and variant constexprs for `tile`."""
+#: Register-A indexed tiles whose cp.async gather masks rows only, not K, when K is a multiple of
+#: 256 (K_TAIL in `_w4a16_indexed_rs_kernel`): the four-warpgroup tiles, one CTA an SM, whose 16
+#: warps all copy. H200, twenty-ninth session (`scripts/probes/variant_cases.py`, variant
+#: ``evenk``, one process, interleaved, bit-identical, us): Kimi EP8 2048 tokens 256x128 gate_up
+#: 1808.2 -> 1738.9, down 945.8 -> 911.4 (1.04x; as built, against the previous commit: 1862.0 -> 1791.5,
+#: 951.6 -> 917.5, GPU tests passed). Not the one-warpgroup tiles: 0.98-1.02x at 8-1024
+#: tokens, and the 128x64 by halves then spills 8 bytes at its 168-register cap.
+EVEN_K_GATHER_TILES = ((256, 128, 16, 2), (256, 64, 16, 3))
+
+
+def _indexed_rs_constexprs(tile, warp_specialize: bool, k: int = 0) -> dict:
+    """The register-A indexed kernel's layout and variant constexprs for `tile` and K `k` (0: any K,
+    a tail allowed)."""
     bw, br, warps, stages = tile
     half = _half_tail(tile, warp_specialize, "indexed")
     group_loop = _group_loop(tile, warp_specialize)
@@ -2171,7 +2194,8 @@ def _indexed_rs_constexprs(tile, warp_specialize: bool) -> dict:
             "WARP_SPECIALIZE": warp_specialize, "HALF_TAIL": half,
             "X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop) if half else None,
             "QUARTER_TAIL": _quarter_tail(tile, warp_specialize, "indexed"), "GROUP_LOOP": group_loop,
-            "HALF_ACTS": _half_acts(tile, warp_specialize, "indexed")}
+            "HALF_ACTS": _half_acts(tile, warp_specialize, "indexed"),
+            "K_TAIL": not (k > 0 and k % 256 == 0 and not warp_specialize and tuple(tile) in EVEN_K_GATHER_TILES)}
 
 
 def _nloop_constexprs(tile) -> dict:
@@ -2220,7 +2244,7 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
             **_nloop_constexprs(tile))
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
-    extra = _indexed_rs_constexprs(tile, warp_specialize) if regs_a else {}
+    extra = _indexed_rs_constexprs(tile, warp_specialize, w.k) if regs_a else {}
     if regs_a and (cap := _rs_maxnreg(tile, extra, grouped=False)):
         extra["maxnreg"] = cap
     if regs_a and pdl:
@@ -2313,7 +2337,8 @@ def compile_configs():
             "num_warps": "constexpr",
         }
         ws = kind == "gluon_ws"
-        extra = _indexed_rs_constexprs((bw, br, warps, stages), ws) if kind != "gluon" else {}
+        # Kimi's K (a multiple of 256): the production build; a K tail's build below
+        extra = _indexed_rs_constexprs((bw, br, warps, stages), ws, 7168) if kind != "gluon" else {}
         if kind != "gluon":  # no K shares (the launch's defaults)
             extra["SPLIT_K"] = 1
         kernel, ptx = kinds[kind]
@@ -2325,6 +2350,16 @@ def compile_configs():
                  **extra},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
                 maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
+                unaligned=("N", "K", "num_routes", "top_k")))
+        if kind == "gluon_rs" and (bw, br, warps, stages) in EVEN_K_GATHER_TILES:  # a K tail's build
+            tail = {**extra, "K_TAIL": True}
+            cfgs.append(KernelConfig(
+                f"w4a16_indexed_sm90_gluon_rs_ktail[BW={bw},BR={br},w={warps},stages={stages}]",
+                kernel, {**isig, **{k: "constexpr" for k in tail}},
+                {"BR": br, "STAGES": stages, "MUL_WEIGHT": True, "N_FASTEST": _n_fastest(br), "num_warps": warps,
+                 **tail},
+                num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
+                maxnreg=_rs_maxnreg((bw, br, warps, stages), tail, grouped=False),
                 unaligned=("N", "K", "num_routes", "top_k")))
         if kind == "gluon_rs" and (bw, br, warps, stages) in INDEXED_SPLIT_TILES:  # the K shares' build
             cfgs.append(KernelConfig(
@@ -2341,7 +2376,8 @@ def compile_configs():
     pdl_tiles = [("gluon_rs", t, p) for t in ((64, 8, 4, 2), (64, 8, 4, 3), (128, 64, 4, 2), (256, 128, 16, 2))
                  for p in (1, 2)] + [("gluon_ws", (256, 64, 16, 3), 1)]
     for kind, (bw, br, warps, stages), pdl in pdl_tiles:
-        extra = {**_indexed_rs_constexprs((bw, br, warps, stages), kind == "gluon_ws"), "SPLIT_K": 1, "PDL": pdl}
+        extra = {**_indexed_rs_constexprs((bw, br, warps, stages), kind == "gluon_ws", 7168), "SPLIT_K": 1,
+                 "PDL": pdl}
         cfgs.append(KernelConfig(
             f"w4a16_indexed_sm90_{kind}_pdl{pdl}[BW={bw},BR={br},w={warps},stages={stages}]",
             _w4a16_indexed_rs_kernel, {**isig, **descs(bw), **{k: "constexpr" for k in extra}},
