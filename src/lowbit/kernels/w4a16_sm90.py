@@ -850,7 +850,7 @@ def _rs_groups_mainloop(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, 
     bit-identical, us): Kimi EP8 contiguous 128 rows/expert 256x128 gate_up 559.9 -> 527.3, down
     322.9 -> 302.7 (1.06-1.07x); indexed 256x128 1.04-1.05x (`w4a16_indexed._PREFILL_64_RANGE`).
     Not for the one-warpgroup group-loop tiles and `_rs_halves_mainloop`, whose two to eight CTAs
-    an SM already overlap their gaps: there it ran 0.94-0.97x (EP8 8-1024 tokens, TP8, masked)."""
+    an SM already overlap their gaps: there it ran 0.94-1.00x (EP8 8-1024 tokens, TP8, masked)."""
     dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     rows_l: gl.constexpr = gl.SliceLayout(1, dot_a)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
