@@ -2342,35 +2342,26 @@ def compile_configs():
         if kind != "gluon":  # no K shares (the launch's defaults)
             extra["SPLIT_K"] = 1
         kernel, ptx = kinds[kind]
-        for mul in (False, True):
-            cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_{kind}[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)}]",
-                kernel, {**isig, **{k: "constexpr" for k in extra}},
+
+        def build(name: str, consts: dict, mul: bool, sig: dict, unaligned: tuple = ()) -> KernelConfig:
+            return KernelConfig(
+                f"w4a16_indexed_sm90_{name}[BW={bw},BR={br},w={warps},stages={stages}" + (
+                    f",MUL_WEIGHT={int(mul)}]" if name == kind else "]"),
+                kernel, sig,
                 {"BR": br, "STAGES": stages, "MUL_WEIGHT": mul, "N_FASTEST": _n_fastest(br), "num_warps": warps,
-                 **extra},
+                 **consts},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
-                maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
-                unaligned=("N", "K", "num_routes", "top_k")))
+                maxnreg=_rs_maxnreg((bw, br, warps, stages), consts, grouped=False),
+                unaligned=("N", "K", "num_routes", "top_k", *unaligned))
+        for mul in (False, True):
+            cfgs.append(build(kind, extra, mul, {**isig, **{k: "constexpr" for k in extra}}))
         if kind == "gluon_rs" and (bw, br, warps, stages) in EVEN_K_GATHER_TILES:  # a K tail's build
             tail = {**extra, "K_TAIL": True}
-            cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_gluon_rs_ktail[BW={bw},BR={br},w={warps},stages={stages}]",
-                kernel, {**isig, **{k: "constexpr" for k in tail}},
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": True, "N_FASTEST": _n_fastest(br), "num_warps": warps,
-                 **tail},
-                num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
-                maxnreg=_rs_maxnreg((bw, br, warps, stages), tail, grouped=False),
-                unaligned=("N", "K", "num_routes", "top_k")))
+            cfgs.append(build("gluon_rs_ktail", tail, True, {**isig, **{k: "constexpr" for k in tail}}))
         if kind == "gluon_rs" and (bw, br, warps, stages) in INDEXED_SPLIT_TILES:  # the K shares' build
-            cfgs.append(KernelConfig(
-                f"w4a16_indexed_sm90_gluon_rs_splitk[BW={bw},BR={br},w={warps},stages={stages}]",
-                kernel, {**isig, "c_ptr": "*fp32", **{k: "constexpr" for k in extra}, "SPLIT_K": "constexpr",
-                         "stride_ws": "i32"},
-                {"BR": br, "STAGES": stages, "MUL_WEIGHT": True, "N_FASTEST": _n_fastest(br), "num_warps": warps,
-                 **extra, "SPLIT_K": 2},
-                num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=(ptx,),
-                maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
-                unaligned=("N", "K", "num_routes", "top_k", "stride_ws")))
+            cfgs.append(build("gluon_rs_splitk", {**extra, "SPLIT_K": 2}, True,
+                              {**isig, "c_ptr": "*fp32", **{k: "constexpr" for k in extra}, "SPLIT_K": "constexpr",
+                               "stride_ws": "i32"}, ("stride_ws",)))
     # the PDL forms (`pdl`) of the MoE layer's decode and prefill tiles: the down projection's
     # (PDL 2: weights before the wait) and gate_up's (PDL 1), warp-specialized at 1
     pdl_tiles = [("gluon_rs", t, p) for t in ((64, 8, 4, 2), (64, 8, 4, 3), (128, 64, 4, 2), (256, 128, 16, 2))
