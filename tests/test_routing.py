@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lowbit import routing
-from lowbit.testing import assert_bitwise_equal, random_topk_ids
+from lowbit.testing import POISON_BF16, assert_bitwise_equal, poison_, random_topk_ids
 
 
 # (T, top_k, num_experts, block_size): each comment names the edge the case covers
@@ -156,6 +156,38 @@ def test_gather_and_combine_roundtrip(gen, device):
     # identity "expert": combine(gather(x)) == x * sum(weights)
     out = routing.combine_routes(a2, c.route_to_row, w)
     torch.testing.assert_close(out, hidden * w.sum(1, keepdim=True), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("block", [32, 64, 128])
+def test_gather_indexed_rows_fills_the_route_slots_only(block, gen, device):
+    """`gather_indexed_rows`: slot s of a live block gets row ``sorted_ids[s] // top_k`` of `a`
+    (as `routing.gather_rows`, the torch form, gathers); sentinel slots, remote-expert (``-1``)
+    blocks and an over-allocated buffer's blocks past the device-side count keep the poison. K
+    is off the kernel's 256-column tile."""
+    from lowbit.kernels.moe_routing import gather_indexed_rows
+
+    t, k, e, hdim = 37, 4, 6, 96 + 8
+    ids = random_topk_ids(t, k, e, generator=gen).to(device)
+    emap = torch.tensor([0, -1, 1, 2, -1, 3], dtype=torch.int32, device=device)  # experts 1 and 4 remote
+    r = routing.moe_align_block_size(ids, block, e, emap)
+    routes = ids.numel()
+    sorted_ids = torch.cat([r.sorted_token_ids, torch.full((2 * block,), routes, dtype=torch.int32, device=device)])
+    expert_ids = torch.cat([r.expert_ids, torch.zeros(2, dtype=torch.int32, device=device)])  # over-allocated
+    a = torch.randn(t, hdim, generator=gen).to(torch.bfloat16).to(device)
+    out = poison_(torch.empty(sorted_ids.numel(), hdim, dtype=torch.bfloat16, device=device))
+    assert gather_indexed_rows(a, sorted_ids, expert_ids, r.num_tokens_post_padded, k, out=out) is out
+    slot = torch.arange(sorted_ids.numel(), device=device)
+    live = ((slot < r.num_tokens_post_padded) & (expert_ids.repeat_interleave(block) >= 0)
+            & (sorted_ids < routes)).cpu()
+    assert live.any() and (~live).any()
+    want = routing.gather_rows(a, torch.where(sorted_ids < routes, sorted_ids, -1), k).cpu()
+    assert_bitwise_equal(out.cpu()[live], want[live], "gathered route slots")
+    assert (out.cpu()[~live] == POISON_BF16).all(), "slots without a live route must keep the poison"
+    with pytest.raises(ValueError, match="multiple of 32"):
+        r16 = routing.moe_align_block_size(ids, 16, e)
+        gather_indexed_rows(a, r16.sorted_token_ids, r16.expert_ids, r16.num_tokens_post_padded, k)
+    with pytest.raises(ValueError, match="out must be"):
+        gather_indexed_rows(a, sorted_ids, expert_ids, r.num_tokens_post_padded, k, out=out[:, :64])
 
 
 @pytest.mark.parametrize("bad, err, match", [

@@ -10,7 +10,7 @@ from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
 from lowbit.kernels.w4a16_core import VALIDATED_TILES
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES
+from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES, PREGATHER_TILES
 from lowbit.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -212,6 +212,82 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
         a_odd.copy_(a)
         with pytest.raises(ValueError, match="16-byte"):
             _check(a_odd, wq, pw, ids, block, 2, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", PREGATHER_TILES, ids=lambda t: "x".join(map(str, t)))
+def test_pregather_matches_reference_and_the_in_kernel_gather(tile, gen, monkeypatch):
+    """``LOWBIT_W4A16_PREGATHER=1`` (rows gathered into slot order, then loaded by TMA) on each
+    tile that has the form: the reference's answer, bit for bit the in-kernel gather's, on K off
+    the step, ring wraps, ~150 and ~44 rows an expert (full blocks, half tails), a hot expert
+    with routing weights and over-allocated buffers, and remote experts with dropped routes."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the gluon engine is the sm_90 kernel")
+    bw, block, _, stages = tile
+    for name, val in (("ENGINE", "gluon_rs"), ("BLOCK_N", str(bw)), ("NUM_STAGES", str(stages))):
+        monkeypatch.setenv(f"LOWBIT_W4A16_{name}", val)
+
+    def both(wq, pw, a, ids, top_k, what, **kw):
+        outs = []
+        for pre in ("0", "1"):
+            monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", pre)
+            c = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
+            assert (c.block_n, c.num_stages, c.pregather) == (bw, stages, pre == "1"), c
+            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", **kw)
+            outs.append(out)
+        assert_bitwise_equal(outs[1], outs[0], f"pre-gathered vs in-kernel gather, {what}")
+        return outs[1], ref
+
+    for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (3, 200, 1056, 40, 2), (2, 72, 2304, 6, 2),
+                              (2, 136, 512, 150, 2), (4, 72, 544, 88, 2)):
+        wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
+        out, ref = both(wq, pw, a, ids, top_k, f"E{e} N{n} K{k} T{t}")
+        assert_close(out.float(), ref, "bf16_out", f"pre-gathered E{e} N{n} K{k} T{t} on {tile}")
+    for t in (24, 150):
+        wq, pw, a, ids = _problem(5, 48, 512, t, 2, gen, "cuda", hot=1)
+        tw = random_topk_weights(t, 2, generator=gen).cuda()
+        out, ref = both(wq, pw, a, ids, 2, f"hot, {t} tokens", topk_weights=tw, over_alloc=3)
+        assert_close(out.float(), ref, "bf16_out", f"pre-gathered hot expert, weights, over-allocated, {t} tokens")
+    wq, pw, a, ids = _problem(6, 40, 512, 9, 2, gen, "cuda")
+    ids.view(-1)[::5] = -1
+    emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
+    wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
+    out, ref = both(wq_local, pack_w4a16(wq_local).to("cuda"), a, ids, 2, "EP map", emap=emap)
+    untouched = ids.flatten().cpu() < 2
+    assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
+    assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", "pre-gathered, EP map")
+
+
+def test_pregather_heuristic_override_and_contract(gen, monkeypatch):
+    """Pre-gathering is the default where the tile has the form and N is large (Kimi EP8 prefill
+    gate_up / down), not for TP8 gate_up (N 512) nor decode; ``LOWBIT_W4A16_PREGATHER`` forces it
+    either way where the tile can, and says so where it cannot; a config asking for it off the
+    register-A engine is refused."""
+    monkeypatch.delenv("LOWBIT_W4A16_PREGATHER", raising=False)
+    for n, k in ((4096, 7168), (7168, 2048)):
+        c = w4a16_indexed_config(8192, 48, n, k, gluon=True)
+        assert c.pregather and c.engine == "gluon_rs" and "pre-gathered" in c.reason, c
+        assert not w4a16_indexed_config(8192, 48, n, k).pregather  # no Hopper kernels: Triton
+    assert not w4a16_indexed_config(65536, 384, 512, 7168, gluon=True).pregather  # TP8 gate_up
+    assert not w4a16_indexed_config(65536, 384, 7168, 256, gluon=True).pregather  # one K step: the N loop
+    assert not w4a16_indexed_config(160, 48, 4096, 7168, gluon=True).pregather  # decode
+    monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "1")
+    c = w4a16_indexed_config(65536, 384, 512, 7168, gluon=True)
+    assert c.pregather and "LOWBIT_W4A16_PREGATHER=1" in c.reason, c
+    c = w4a16_indexed_config(160, 48, 4096, 7168, gluon=True)
+    assert not c.pregather and "cannot" in c.reason, c
+    monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "0")
+    assert not w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True).pregather
+    monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "maybe")
+    with pytest.raises(ValueError, match="LOWBIT_W4A16_PREGATHER"):
+        w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)
+    monkeypatch.delenv("LOWBIT_W4A16_PREGATHER")
+    wq, pw, a, ids = _problem(3, 64, 512, 2, 2, gen, "cpu")
+    c = w4a16_indexed_config(4, 3, 64, 512, block_m=64)
+    r = routing.moe_align_block_size(ids, c.block_m, 3)
+    with pytest.raises(ValueError, match="pregather"):
+        w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
+                      config=replace(c, pregather=True))
 
 
 def test_four_warpgroup_gather_drops_the_k_check_only_on_whole_steps():

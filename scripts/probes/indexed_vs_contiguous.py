@@ -2,6 +2,7 @@
 gather, the scattered rows and the half-tail pass cost apart -- a probe, not a benchmark.
 
     python scripts/probes/indexed_vs_contiguous.py
+    python scripts/probes/indexed_vs_contiguous.py ncu contiguous|in_order   # three gate_up launches, for ncu
 
 Why (twenty-ninth session): the bench's contiguous 128 rows/expert gate_up takes 536 us on
 256x128 (one pass over each weight tile an expert), the indexed 1024-token gate_up about 1014 us
@@ -40,9 +41,11 @@ def indexed_call(a, wq, ids, out):
                                        out=out, config=cfg))
 
 
-def main() -> None:
+def main(only: str | None = None) -> None:
+    """Time the four ways on both projections; `only`: three launches of that one on gate_up
+    (for ``ncu --launch-skip 1 --launch-count 1``)."""
     gen = torch.Generator(device="cuda").manual_seed(29)
-    for proj, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048)):
+    for proj, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048))[:1 if only else 2]:
         a = torch.randn(ROWS, k, generator=gen, device="cuda").to(torch.bfloat16)
         outs = {name: torch.full((ROWS, n), float("nan"), dtype=torch.bfloat16, device="cuda")
                 for name in ("contiguous", "in_order", "scattered", "tails")}
@@ -56,6 +59,11 @@ def main() -> None:
         _, fns["scattered"] = indexed_call(a, wq, m_idx[perm][:, None], outs["scattered"])
         tail_ids = torch.arange(32, device="cuda", dtype=torch.int32).repeat_interleave(ROWS // 32)
         _, fns["tails"] = indexed_call(a, make_weight(32, n, k, "cuda"), tail_ids[:, None], outs["tails"])
+        if only:
+            for _ in range(3):
+                fns[only]()
+            torch.cuda.synchronize()
+            return
         t = measure_interleaved(fns, rounds=40)
         torch.cuda.synchronize()
         same = torch.equal(outs["contiguous"], outs["in_order"])
@@ -67,4 +75,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(sys.argv[2] if sys.argv[1:2] == ["ncu"] else None)

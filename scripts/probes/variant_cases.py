@@ -4,6 +4,7 @@
     VARIANT_CASES=chain python scripts/probes/variant_cases.py [indexed] [grouped]
     VARIANT_CASES=nodeq,nogather,noacts python scripts/probes/variant_cases.py indexed
     VARIANT_CASES=old VARIANT_OLD=path/to/old_w4a16_sm90.py python scripts/probes/variant_cases.py
+    VARIANT_CASES=late1,late3 VARIANT_TOKENS=1024,2048 VARIANT_BLOCK=128 python scripts/probes/variant_cases.py indexed
 
 Every case runs the public entry points with their heuristics' tiles, once on the kernel module
 and once on each variant (the module swapped in ``sys.modules`` around the call); one process,
@@ -22,6 +23,8 @@ bounds probes whose outputs are garbage). Variants:
 - ``noacts``: the grouped kernels' activation TMA only for the first two steps.
 - ``evenk``: the cp.async gather without its K-bound check (a bound: valid for K % 256 == 0).
 - ``widehalf``: the four-warpgroup indexed tiles' half-tail gather in 16-byte pieces.
+- ``late1``, ``late3``, ``late6``: the four-warpgroup indexed tiles issue the next step's gather
+  after group 1's / 3's / 6's dequantization instead of straight after group 0's wgmma.
 - ``old``: another version of the module's source (the file `VARIANT_OLD`, e.g. the last
   commit's): a kernel change measured against what it replaces ("x" < 1: the change is faster).
 
@@ -61,7 +64,34 @@ EVENK = [("mask=row_ok & (k0 < K))", "mask=row_ok)")]
 #: where the default layout copies 8-byte pieces for 64 rows over 16 warps.
 WIDEHALF = [('"X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop) if half else None,',
              '"X_HALF_LAYOUT": _gather_layout(br // 2, gather_warps, group_loop or warps == 16) if half else None,')]
-EDITS = {"chain": CHAIN, "evenk": EVENK, "widehalf": WIDEHALF, "evenk_widehalf": EVENK + WIDEHALF, "nodeq": NODEQ, "nogather": [v.NO_GATHER], "noacts": v.NO_ACT_LOADS,
+
+
+def late_gather(g: int) -> list:
+    """The four-warpgroup group loop (EARLY_G0) issuing its cp.async gather of the next rows after
+    group `g`'s dequantization (before the wait on group g - 1's products) instead of straight
+    after group 0's wgmma: the copies queue behind no dequantization's shared-memory loads."""
+    return [("""            if kt > 0:  # every warpgroup is done with step kt-1's stage (the barrier below)
+                _refill_stage(x_desc, a_rows, row_ok, w_desc, s_desc, r0, wrow, srow, n0, K, ks, kt - 1, nk, wready,
+                              xready, wring, sring, xs, STAGES, GATHER, x_l, K_TAIL)""",
+             """            if kt > 0:  # every warpgroup is done with step kt-1's stage (the barrier below)
+                _load_weights(w_desc, s_desc, wrow, srow, n0, ks + kt - 1 + STAGES, wready.index((kt - 1) % STAGES),
+                              wring, sring, (kt - 1) % STAGES, kt - 1 + STAGES < nk)
+                if not GATHER:
+                    _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt - 1 + STAGES, xready.index((kt - 1) % STAGES), xs,
+                               (kt - 1) % STAGES, kt - 1 + STAGES < nk, GATHER, x_l, K_TAIL)"""),
+            ("""            w = _dequant_group_regs(words, scales, g, rows_l)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)""",
+             f"""            w = _dequant_group_regs(words, scales, g, rows_l)
+            if EARLY_G0 and GATHER and g == {g}:
+                if kt > 0:
+                    _load_acts(x_desc, a_rows, row_ok, K, r0, ks + kt - 1 + STAGES, xready.index((kt - 1) % STAGES),
+                               xs, (kt - 1) % STAGES, kt - 1 + STAGES < nk, GATHER, x_l, K_TAIL)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]
+            acc = warpgroup_mma(w, xs.index(s * _GROUPS + g).permute((1, 0)), acc, is_async=True)""")]
+
+
+EDITS = {"late1": late_gather(1), "late3": late_gather(3), "late6": late_gather(6), "chain": CHAIN, "evenk": EVENK, "widehalf": WIDEHALF, "evenk_widehalf": EVENK + WIDEHALF, "nodeq": NODEQ, "nogather": [v.NO_GATHER], "noacts": v.NO_ACT_LOADS,
          "nodeq_nogather": NODEQ + [v.NO_GATHER], "nodeq_noacts": NODEQ + v.NO_ACT_LOADS}
 NAMES = os.environ.get("VARIANT_CASES", "chain").split(",")
 if "old" in NAMES:  # the kernel module against another version of its source (VARIANT_OLD: a file)
@@ -98,13 +128,19 @@ def compare(label, make_call, out, nbytes, valid=None):
 PROJ = (("gate_up", 4096, 7168), ("down", 7168, 2048))
 
 if "indexed" in which:
+    # VARIANT_TOKENS: only these token counts; VARIANT_BLOCK: the routing block pinned (its tile)
+    only = {int(t) for t in os.environ["VARIANT_TOKENS"].split(",")} if os.environ.get("VARIANT_TOKENS") else None
+    block = int(os.environ["VARIANT_BLOCK"]) if os.environ.get("VARIANT_BLOCK") else None
     for label, e, tok, projs in (("EP8", 48, 8, PROJ), ("EP8", 48, 50, PROJ), ("EP8", 48, 128, PROJ), ("EP8", 48, 256, PROJ),
-                                 ("EP8", 48, 1024, PROJ), ("EP8", 48, 2048, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),))):
+                                 ("EP8", 48, 1024, PROJ), ("EP8", 48, 2048, PROJ), ("TP8", 384, 1024, (("gate_up", 512, 7168),)),
+                                 ("TP8", 384, 8192, (("gate_up", 512, 7168),))):
+        if (tok not in only) if only else tok == 8192:
+            continue
         ids = torch.stack([torch.randperm(e, generator=gen, device="cuda")[:8] for _ in range(tok)]).to(torch.int32)
         hit = int(torch.unique(ids).numel())
         for i, (proj, n, kk) in enumerate(projs):
             top_k = 8 if i == 0 else 1
-            cfg = lowbit.w4a16_indexed_config(tok * 8, e, n, kk, gluon=True)
+            cfg = lowbit.w4a16_indexed_config(tok * 8, e, n, kk, block_m=block, gluon=True)
             r = lowbit.moe_align_block_size(ids, cfg.block_m, e)
             w = pack_w4a16(make_weight(e, n, kk, "cuda"))
             a = torch.randn(tok if top_k == 8 else tok * 8, kk, device="cuda").to(torch.bfloat16)

@@ -35,12 +35,13 @@ from ..routing.layouts import (
     ContiguousRouting,
     IndexedRouting,
     MaskedRouting,
+    live_block_bound,
     max_contiguous_rows,
     max_num_tokens_padded,
 )
 from .pdl import launch_options, pdl_enabled, release_next, wait_prior
 
-__all__ = ["moe_align_block_size_triton", "build_contiguous_triton", "build_masked_triton"]
+__all__ = ["moe_align_block_size_triton", "build_contiguous_triton", "build_masked_triton", "gather_indexed_rows"]
 
 LAYOUT_INDEXED: tl.constexpr = tl.constexpr(0)
 LAYOUT_CONTIGUOUS: tl.constexpr = tl.constexpr(1)
@@ -338,6 +339,66 @@ def build_masked_triton(
                          topk_ids.shape[0], topk_ids.shape[1])
 
 
+@triton.jit
+def _gather_indexed_rows_kernel(a_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, K, num_routes, top_k,
+                                stride_am, stride_om, BLOCK: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
+    """Program (p, k): rows ``p*ROWS ..`` of the slots, K columns ``k*BK ..``: out[slot] =
+    a[sorted_ids[slot] // top_k] for every route slot of a live block (`BLOCK`: the routing's
+    block size, a multiple of ROWS)."""
+    pid = tl.program_id(0)
+    slot0 = pid * ROWS
+    e = tl.load(expert_ids_ptr + slot0 // BLOCK)
+    if (slot0 >= tl.load(ntpp_ptr)) | (e < 0):  # past the padded count, or another rank's expert
+        return
+    ids = tl.load(sorted_ids_ptr + slot0 + tl.arange(0, ROWS))
+    ok = ids < num_routes
+    src = tl.where(ok, ids // top_k, 0).to(tl.int64) * stride_am
+    dst = (slot0 + tl.arange(0, ROWS)).to(tl.int64) * stride_om
+    k = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = ok[:, None] & (k < K)[None, :]
+    x = tl.load(a_ptr + src[:, None] + k[None, :], mask=mask)
+    tl.store(out_ptr + dst[:, None] + k[None, :], x, mask=mask)
+
+
+#: `gather_indexed_rows`' program: ROWS slots x BK columns (16 KB of bf16 at 4 warps: 16-byte
+#: accesses, 8 a thread).
+_GATHER_ROWS = 32
+_GATHER_BK = 256
+_GATHER_WARPS = 4
+
+
+def gather_indexed_rows(a: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, ntpp: torch.Tensor,
+                        top_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The activation rows in the indexed layout's slot order: ``out[s] = a[sorted_ids[s] // top_k]``
+    for every route slot ``s`` of a live block (before ``ntpp[0]``, expert id >= 0); sentinel
+    slots and the other blocks' rows are left as they were (unspecified in a new buffer).
+
+    a: ``[M, K]`` (any dtype, contiguous along K); sorted_ids ``int32 [P]``, expert_ids ``int32
+    [P / B]``, ntpp ``int32 [1]`` (`lowbit.routing.moe_align_block_size`, block size B a multiple
+    of 32); out optional ``[P, K]`` of a's dtype. Returns out. No host readback (CUDA-graph
+    capturable). Why: a kernel that then reads a routing block's rows as one TMA box instead of
+    gathering them row by row (`w4a16_indexed`'s pre-gathered engine)."""
+    num_routes = a.shape[0] * top_k
+    if sorted_ids.numel() % max(expert_ids.numel(), 1):
+        raise ValueError(f"sorted_ids ({sorted_ids.numel()}) must be whole blocks of expert_ids ({expert_ids.numel()})")
+    block = sorted_ids.numel() // expert_ids.numel()
+    if block % _GATHER_ROWS:
+        raise ValueError(f"gather_indexed_rows: the routing block size must be a multiple of {_GATHER_ROWS}, got {block}")
+    if a.stride(1) != 1:
+        raise ValueError("a must be contiguous along K")
+    k = a.shape[1]
+    if out is None:
+        out = torch.empty(sorted_ids.numel(), k, dtype=a.dtype, device=a.device)
+    elif out.dtype != a.dtype or tuple(out.shape) != (sorted_ids.numel(), k) or out.stride(1) != 1:
+        raise ValueError(f"out must be {a.dtype} [{sorted_ids.numel()}, {k}] contiguous along K, got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    slots = live_block_bound(expert_ids.numel(), num_routes) * block
+    _gather_indexed_rows_kernel[(slots // _GATHER_ROWS, triton.cdiv(k, _GATHER_BK))](
+        a, out, sorted_ids, expert_ids, ntpp, k, num_routes, top_k, a.stride(0), out.stride(0),
+        BLOCK=block, ROWS=_GATHER_ROWS, BK=_GATHER_BK, num_warps=_GATHER_WARPS)
+    return out
+
+
 def compile_configs():
     """Every configuration the builders launch, for the compile tier: expert-count paddings of
     the Kimi K2.x profiles (48 local -> 64, 384 global -> 512) x layouts x expert_map; the
@@ -386,4 +447,12 @@ def compile_configs():
                      "R_PAD": "constexpr", "E_PAD": "constexpr", "FILL": "constexpr", "PDL": "constexpr"},
                     {"HAS_MAP": has_map, "R_PAD": r_pad, "E_PAD": e_pad, "FILL": FILL, "PDL": True},
                     expect_ptx=("griddepcontrol.wait", "griddepcontrol.launch_dependents")))
+    for block in (64, 128):
+        cfgs.append(KernelConfig(
+            f"gather_indexed_rows[BLOCK={block}]", _gather_indexed_rows_kernel,
+            {"a_ptr": "*bf16", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32",
+             "K": "i32", "num_routes": "i32", "top_k": "i32", "stride_am": "i32", "stride_om": "i32",
+             "BLOCK": "constexpr", "ROWS": "constexpr", "BK": "constexpr"},
+            {"BLOCK": block, "ROWS": _GATHER_ROWS, "BK": _GATHER_BK}, num_warps=_GATHER_WARPS,
+            unaligned=("num_routes", "top_k")))
     return cfgs

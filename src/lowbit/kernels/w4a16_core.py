@@ -78,6 +78,9 @@ class W4A16Config:
     #: overlap dequant with wgmma; the heuristics' choice on sm_90 where measured faster)
     engine: str = "triton"
     reason: str = ""
+    #: indexed family, engine "gluon_rs": gather the routed rows into the routing's slot order
+    #: first (`moe_routing.gather_indexed_rows`) and load them by TMA (`w4a16_sm90.PREGATHER_TILES`)
+    pregather: bool = False
 
 
 #: The Hopper engines besides "triton": "gluon" (dequantized weights staged in shared memory),

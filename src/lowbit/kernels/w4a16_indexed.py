@@ -18,6 +18,7 @@ the MMA's M side.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from functools import lru_cache
 
@@ -28,6 +29,7 @@ import triton.language as tl
 from ..formats.w4a16 import W4A16Weight
 from ..routing.layouts import live_block_bound
 from . import numerics
+from .tuning import parse_override
 from .pdl import pdl_enabled
 from .sm90 import is_sm90_native, require_sm90
 from .w4a16_core import (
@@ -149,8 +151,29 @@ _RS_SPLIT_K = 1
 #: share a program).
 _RS_REDUCE_BN = 256
 
+#: ``LOWBIT_W4A16_PREGATHER``: 1 pre-gathers the routed rows wherever the chosen tile can
+#: (`w4a16_sm90.pregather_ok`), 0 never; unset: `_PREGATHER_MIN_N` decides.
+PREGATHER_ENV = "LOWBIT_W4A16_PREGATHER"
 #: Environment overrides (each is part of the memo key).
-ENV_OVERRIDES = override_names("W4A16")
+ENV_OVERRIDES = override_names("W4A16") + [PREGATHER_ENV]
+
+#: The register-A prefill tiles (`w4a16_sm90.PREGATHER_TILES`) gather the routed rows into the
+#: routing's slot order first (`moe_routing.gather_indexed_rows`, one more write of every routed
+#: row) and load a block's rows as one TMA box a step, from this N (the weight rows a gathered
+#: byte meets): inside the kernel the gather's cp.async copies (16 warps x 8 a step on the 256x128)
+#: queue in front of the words' shared-memory loads (ncu, thirtieth session: LDGSTS 11% of the
+#: warp samples, MIO throttle), and the indexed 256x128 ran 0.86-0.87x the contiguous kernel on
+#: the same rows in order (`scripts/probes/indexed_vs_contiguous.py`). H200, thirtieth session
+#: (`scripts/probes/pregather.py`, one process, interleaved, bit-identical, us, in-kernel gather ->
+#: pre-gathered, gather included): Kimi EP8 gate_up (N 4096) at 512 / 768 / 1024 (the bench's) /
+#: 1152 / 1536 / 2048 tokens, 128x64: 600.4 -> 572.0, 799.4 -> 756.5, 1004.9 -> 945.8, 1128.8 ->
+#: 1062.5, 1502.0 -> 1378.3, 2004.7 -> 1800.4; 256x128: 545.8 -> 528.8, 791.2 -> 737.2, 1027.9 ->
+#: 956.1, 1083.8 -> 1019.1, 1449.3 -> 1332.0, 1821.3 -> 1691.4 (1.03-1.11x); down (N 7168)
+#: 1.01-1.09x; the gather 21.8-75.2 us (gate_up), 13.0-36.2 (down). TP8 gate_up (N 512) at 6144 /
+#: 8192 / 12288 tokens 0.83-0.88x: its gather (215-451 us, every routed row of 7168) outweighs
+#: the GEMM's gain.
+_PREGATHER_MIN_N = (2048, "rows pre-gathered into the routing's slot order, loaded by TMA (H200 Kimi EP8 "
+                          "gate_up / down 1.01-1.11x; TP8 gate_up, N 512: 0.83-0.88x)")
 
 
 #: On a Hopper GPU (N a multiple of 8, rows 16-byte aligned) the register-A Gluon kernel
@@ -359,8 +382,27 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                           "1.01-1.05x the warp-specialized 256x64)")
     else:
         wide = False
-    return avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile,
-                                        (num_routes, num_experts, n)), n)
+    cfg = avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile,
+                                       (num_routes, num_experts, n)), n)
+    return _with_pregather(cfg, k, n, env[-1])
+
+
+def _with_pregather(cfg: W4A16Config, k: int, n: int, forced: str) -> W4A16Config:
+    """`cfg` with `pregather` set where its tile can run it (`w4a16_sm90.pregather_ok`): from
+    `_PREGATHER_MIN_N`, or as ``LOWBIT_W4A16_PREGATHER`` (`forced`, "" when unset) says."""
+    from .w4a16_sm90 import pregather_ok
+
+    tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
+    can = cfg.engine == "gluon_rs" and pregather_ok(tile, k, split_k=cfg.split_k)
+    if forced:
+        want = parse_override(PREGATHER_ENV, forced, False)
+        why = f"{PREGATHER_ENV}={forced}" + ("" if can or not want else ": this tile cannot (no pre-gathered form)")
+    else:
+        want = n >= _PREGATHER_MIN_N[0]
+        why = _PREGATHER_MIN_N[1] if want and can else ""
+    if not why:
+        return cfg
+    return replace(cfg, pregather=want and can, reason=f"{cfg.reason}; {why}")
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -431,10 +473,11 @@ def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, bloc
     """The launch configuration for ``num_routes = M * top_k`` routed rows over `num_experts`
     experts of ``[n, k]`` weights. Memoized per shape descriptor and environment overrides
     (``LOWBIT_W4A16_BLOCK_M``, ``_BLOCK_N``, ``_NUM_WARPS``, ``_NUM_STAGES``, ``_SWAP_AB``,
-    ``_SPLIT_K``, ``_ENGINE``). `block_m` pins the M tile (the routing was already built with
+    ``_SPLIT_K``, ``_ENGINE``, ``_PREGATHER``). `block_m` pins the M tile (the routing was already built with
     that block size; `gluon` never changes it). gluon: the Hopper Gluon kernels can run (an
     sm_90 GPU, N a multiple of 8); where they measured faster they are then the default."""
-    return _config_cached(num_routes, num_experts, n, k, block_m, gluon, env_key("W4A16"))
+    return _config_cached(num_routes, num_experts, n, k, block_m, gluon,
+                          env_key("W4A16") + (os.environ.get(PREGATHER_ENV, ""),))
 
 
 def gluon_capable(a: torch.Tensor, w: W4A16Weight) -> bool:
@@ -452,6 +495,7 @@ def explain_w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: i
     c = w4a16_indexed_config(num_routes, num_experts, n, k, gluon=gluon)
     return (f"w4a16_indexed M*top_k={num_routes} E={num_experts} N={n} K={k}: block_m={c.block_m} "
             f"block_n={c.block_n} warps={c.num_warps} stages={c.num_stages} swap_ab={c.swap_ab} split_k={c.split_k} engine={c.engine} "
+            f"pregather={c.pregather} "
             f"-- {c.reason}")
 
 
@@ -517,6 +561,8 @@ def w4a16_indexed(
         raise ValueError(f"out must be bf16 [{num_routes}, {w.n}] contiguous along N, got {out.dtype} {tuple(out.shape)}")
     if config.split_k < 1:
         raise ValueError(f"split_k must be >= 1, got {config.split_k}")
+    if config.pregather and config.engine != "gluon_rs":
+        raise ValueError(f"w4a16_indexed: pregather runs on the gluon_rs engine only, got engine={config.engine!r}")
     if config.engine in GLUON_ENGINES:
         _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config,
                       routing_ready)
@@ -566,7 +612,8 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     dst = out if split == 1 else torch.empty(split, num_routes, w.n, dtype=torch.float32, device=a.device)
     pdl = (2 if routing_ready else 1) if pdl_enabled(a.device) else 0
     w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, dst, tile, regs_a,
-                              warp_specialize=config.engine == "gluon_ws", split_k=split, pdl=pdl)
+                              warp_specialize=config.engine == "gluon_ws", split_k=split, pdl=pdl,
+                              pregather=config.pregather)
     if split > 1:
         _splitk_reduce(dst, out, sorted_ids, expert_ids, ntpp, config.block_m, _RS_REDUCE_BN)
 

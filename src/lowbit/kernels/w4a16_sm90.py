@@ -1643,6 +1643,58 @@ def _w4a16_indexed_rs_kernel(
 
 
 @gluon.jit
+def _indexed_tma_block(x_desc, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, r0, e, n0, N, K, num_routes, stride_cm,
+                       STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, num_warps: gl.constexpr,
+                       GROUP_LOOP: gl.constexpr = False, HALF_ACTS: gl.constexpr = False, PDL_WAIT: gl.constexpr = False):
+    """One routing block's tile on `_rs_mainloop` with its rows by TMA from the pre-gathered buffer
+    (rows ``r0 ..``, as many as `x_desc`'s box), stored as `_indexed_rs_block` stores them."""
+    BR: gl.constexpr = x_desc.block_type.shape[1]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BR, 16])
+    acc = _rs_mainloop(x_desc, 0, 0, w_desc, s_desc, r0, e * N + n0, e * gl.cdiv(K, 256) * 8, n0, K, mma, BR, STAGES,
+                       False, mma, GROUP_LOOP=GROUP_LOOP, PDL_WAIT=PDL_WAIT, HALF_ACTS=HALF_ACTS)
+    _indexed_store(acc, c_ptr, ids_ptr, topk_w_ptr, 0, n0, N, num_routes, stride_cm, MUL_WEIGHT, num_warps)
+
+
+@gluon.jit
+def _w4a16_indexed_tma_kernel(
+    x_desc, xh_desc, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
+    N, K, num_routes, stride_cm,
+    STAGES: gl.constexpr, MUL_WEIGHT: gl.constexpr, N_FASTEST: gl.constexpr, HALF_TAIL: gl.constexpr,
+    GROUP_LOOP: gl.constexpr, HALF_ACTS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = 0,
+):
+    """`_w4a16_indexed_rs_kernel` on rows pre-gathered into the routing's slot order
+    (`moe_routing.gather_indexed_rows`: buffer row s = the activation row of slot s): a routing
+    block's rows are one TMA box a step (`x_desc`, `_act_desc` of the buffer), as the grouped
+    kernels load theirs, instead of a cp.async copy a thread and row piece. Grid, early exits,
+    HALF_TAIL (`xh_desc`: the BR / 2-row box), output rows and PDL as `_w4a16_indexed_rs_kernel`
+    (no warp specialization, no K shares)."""
+    BR: gl.constexpr = x_desc.block_type.shape[1]
+    BW: gl.constexpr = w_desc.block_type.shape[0]
+    if PDL == 1:
+        gl_wait_prior()
+        gl_release_next()
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
+    if not runs:  # past the device-side padded count, or another rank's expert (EP)
+        return
+    n0 = pid_n * BW
+    ids_ptr = sorted_ids_ptr + pid_m * BR
+    if HALF_TAIL:  # a block with no route in its second half runs the half-row tile
+        tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        half_free = gl.min(gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l)), axis=0) >= num_routes
+    else:
+        half_free = False
+    if HALF_TAIL and half_free:
+        _indexed_tma_block(xh_desc, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, pid_m * BR, e, n0, N, K, num_routes,
+                           stride_cm, STAGES, MUL_WEIGHT, num_warps, GROUP_LOOP=GROUP_LOOP, PDL_WAIT=PDL == 2)
+    else:
+        _indexed_tma_block(x_desc, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, pid_m * BR, e, n0, N, K, num_routes,
+                           stride_cm, STAGES, MUL_WEIGHT, num_warps, GROUP_LOOP=GROUP_LOOP, HALF_ACTS=HALF_ACTS,
+                           PDL_WAIT=PDL == 2)
+
+
+@gluon.jit
 def _w4a16_indexed_nloop_kernel(
     a_ptr, w_desc, s_desc, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
     N, K, num_routes, top_k, stride_am, stride_cm,
@@ -2111,7 +2163,9 @@ HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "
 #: (three CTAs an SM allow no more) keeps 15 epilogue scalars (output row, pointers, counts) on
 #: the stack across the main loop, stored once and read once a row block; measured faster as it
 #: is (the table above).
-HALF_ACT_SPILL_BYTES = {("masked", (128, 64, 4, 2)): 64}
+#: The pre-gathered indexed 128x64 (`_w4a16_indexed_tma_kernel`) spills 16 bytes at the same cap
+#: (two epilogue scalars); measured as it is (`w4a16_indexed._PREGATHER_MIN_N`).
+HALF_ACT_SPILL_BYTES = {("masked", (128, 64, 4, 2)): 64, ("indexed_tma", (128, 64, 4, 2)): 16}
 
 
 def _half_acts(tile, warp_specialize: bool, family: str) -> bool:
@@ -2216,7 +2270,7 @@ def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
                               regs_a: bool = False, warp_specialize: bool = False, split_k: int = 1,
-                              pdl: int = 0) -> None:
+                              pdl: int = 0, pregather: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
     built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`), with
@@ -2229,6 +2283,9 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     routing written two launches back or more). The register-A kernel takes it (2 becomes 1 on
     the warp-specialized main loop); the N loop and the shared-memory engine launch plainly."""
     bw, br, warps, stages = tile
+    if pregather and not pregather_ok(tile, w.k, warp_specialize, split_k, regs_a):
+        raise ValueError(f"pregather: the register-A kernel's main loop (no warp specialization, no K shares, K past "
+                         f"one step) on a tile of {PREGATHER_TILES}; got {tile}, K={w.k}")
     if split_k > 1 and (not regs_a or warp_specialize or runs_nloop(tile, w.k) or not k_split_ok(w.k, split_k)):
         raise ValueError(f"split_k={split_k}: the register-A (not warp-specialized) kernel splits K, into "
                          f"non-empty shares of K={w.k}'s {triton.cdiv(w.k, 256)} steps; tile {tile}")
@@ -2242,6 +2299,10 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
             w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
             BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_TILES=n_tiles, num_warps=warps,
             **_nloop_constexprs(tile))
+        return
+    if pregather:
+        _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile,
+                            blocks, pdl)
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize, w.k) if regs_a else {}
@@ -2259,6 +2320,39 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
         w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(-2),
         BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_FASTEST=n_fastest, num_warps=warps, **extra,
+    )
+
+
+#: The register-A indexed tiles that can run on pre-gathered rows (`_w4a16_indexed_tma_kernel`):
+#: the prefill blocks' main-loop tiles (a K past one step).
+PREGATHER_TILES = ((256, 128, 16, 2), (128, 64, 4, 2))
+
+
+def pregather_ok(tile, k: int, warp_specialize: bool = False, split_k: int = 1, regs_a: bool = True) -> bool:
+    """Whether `tile` can run `w4a16_indexed_sm90_launch`'s ``pregather`` path for this K."""
+    return regs_a and not warp_specialize and split_k == 1 and k > 256 and tuple(tile) in PREGATHER_TILES
+
+
+def _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile,
+                        blocks: int, pdl: int) -> None:
+    """`gather_indexed_rows` into a ``[P, K]`` buffer, then `_w4a16_indexed_tma_kernel` over it."""
+    from .moe_routing import gather_indexed_rows
+
+    bw, br, warps, stages = tile
+    rows = gather_indexed_rows(a, sorted_ids, expert_ids, ntpp, top_k)
+    extra = _indexed_rs_constexprs(tile, False, w.k)
+    x_desc = _act_desc(rows, w.k, br, 4 if extra["HALF_ACTS"] else 8)
+    xh_desc = _act_desc(rows, w.k, br // 2) if extra["HALF_TAIL"] else x_desc
+    consts = {k: extra[k] for k in ("HALF_TAIL", "GROUP_LOOP", "HALF_ACTS")}
+    if cap := _rs_maxnreg(tile, extra, grouped=False):
+        consts["maxnreg"] = cap
+    if pdl:
+        consts.update(PDL=pdl, **launch_options(True))
+    n_fastest = _n_fastest(br)
+    _w4a16_indexed_tma_kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
+        x_desc, xh_desc, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
+        w.n, w.k, a.shape[0] * top_k, out.stride(0),
+        STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_FASTEST=n_fastest, num_warps=warps, **consts,
     )
 
 
@@ -2390,4 +2484,26 @@ def compile_configs():
                  **_nloop_constexprs((bw, br, warps, stages))},
                 num_warps=warps, num_stages=1, expect_sass=("HGMMA",), expect_ptx=("wgmma.wait_group.sync.aligned 0",),
                 unaligned=("N", "K", "num_routes", "top_k")))
+    # the pre-gathered rows' kernel (`PREGATHER_TILES`), plain and with PDL (the MoE layer's)
+    for (bw, br, warps, stages), (mul, pdl) in itertools.product(PREGATHER_TILES, ((False, 0), (True, 0), (False, 1),
+                                                                                   (False, 2))):
+        extra = _indexed_rs_constexprs((bw, br, warps, stages), False, 7168)
+        consts = {k: extra[k] for k in ("HALF_TAIL", "GROUP_LOOP", "HALF_ACTS")}
+        probe = torch.empty(16, 64, dtype=torch.bfloat16)
+        cfgs.append(KernelConfig(
+            f"w4a16_indexed_sm90_gluon_tma[BW={bw},BR={br},w={warps},stages={stages},MUL_WEIGHT={int(mul)},PDL={pdl}]",
+            _w4a16_indexed_tma_kernel,
+            {"x_desc": mangle_type(_act_desc(probe, 64, br, 4 if consts["HALF_ACTS"] else 8)),
+             "xh_desc": mangle_type(_act_desc(probe, 64, br // 2 if consts["HALF_TAIL"] else br)),
+             **descs(bw), "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32",
+             "topk_w_ptr": "*fp32", "N": "i32", "K": "i32", "num_routes": "i32", "stride_cm": "i32",
+             "STAGES": "constexpr", "MUL_WEIGHT": "constexpr", "N_FASTEST": "constexpr", "num_warps": "constexpr",
+             "PDL": "constexpr", **{k: "constexpr" for k in consts}},
+            {"STAGES": stages, "MUL_WEIGHT": mul, "N_FASTEST": _n_fastest(br), "num_warps": warps, "PDL": pdl,
+             **consts},
+            num_warps=warps, num_stages=1, expect_sass=("HGMMA",),
+            expect_ptx=("wgmma.wait_group.sync.aligned 0",) + (("griddepcontrol.wait",) if pdl else ()),
+            maxnreg=_rs_maxnreg((bw, br, warps, stages), extra, grouped=False),
+            max_spill_bytes=HALF_ACT_SPILL_BYTES.get(("indexed_tma", (bw, br, warps, stages)), 0),
+            unaligned=("N", "K", "num_routes")))
     return cfgs
