@@ -1555,6 +1555,20 @@ def _indexed_rs_block(a_ptr, w_desc, s_desc, c_ptr, ids_ptr, topk_w_ptr, e, n0, 
 
 
 @gluon.jit
+def _indexed_program(N, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, BR: gl.constexpr, BW: gl.constexpr,
+                     N_FASTEST: gl.constexpr, PDL_FIRST: gl.constexpr):
+    """The register-A indexed kernels' program: (routing block, first output column, the block's
+    sorted ids, its expert, whether it runs: `_block_expert`). PDL_FIRST: wait on the previous
+    kernel (and release the next) before reading anything."""
+    if PDL_FIRST:
+        gl_wait_prior()
+        gl_release_next()
+    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
+    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
+    return pid_m, pid_n * BW, sorted_ids_ptr + pid_m * BR, e, runs
+
+
+@gluon.jit
 def _k_share(K, SPLIT_K: gl.constexpr):
     """(first K step, steps) of this program's share of K's 256-wide steps (grid axis 2): SPLIT_K
     runs as equal as can be, none empty while SPLIT_K <= steps (`k_split_ok`)."""
@@ -1604,15 +1618,10 @@ def _w4a16_indexed_rs_kernel(
     gl.static_assert(WARP_SPECIALIZE or not QUARTER_TAIL, "QUARTER_TAIL: warp-specialized only")
     gl.static_assert(SPLIT_K == 1 or not WARP_SPECIALIZE, "SPLIT_K: the register-A main loop only")
     gl.static_assert(PDL != 2 or not WARP_SPECIALIZE, "PDL=2: the register-A main loop only")
-    if PDL == 1:
-        gl_wait_prior()
-        gl_release_next()
-    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
-    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
+    pid_m, n0, ids_ptr, e, runs = _indexed_program(N, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, BR, BW, N_FASTEST,
+                                                   PDL == 1)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
-    n0 = pid_n * BW
-    ids_ptr = sorted_ids_ptr + pid_m * BR
     if SPLIT_K == 1:
         ks = 0
         nk = None  # all of K
@@ -1671,15 +1680,10 @@ def _w4a16_indexed_tma_kernel(
     (no warp specialization, no K shares)."""
     BR: gl.constexpr = x_desc.block_type.shape[1]
     BW: gl.constexpr = w_desc.block_type.shape[0]
-    if PDL == 1:
-        gl_wait_prior()
-        gl_release_next()
-    pid_m, pid_n = _tile_ids(N, BW, N_FASTEST)
-    e, runs = _block_expert(ntpp_ptr, expert_ids_ptr, pid_m, BR)
+    pid_m, n0, ids_ptr, e, runs = _indexed_program(N, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, BR, BW, N_FASTEST,
+                                                   PDL == 1)
     if not runs:  # past the device-side padded count, or another rank's expert (EP)
         return
-    n0 = pid_n * BW
-    ids_ptr = sorted_ids_ptr + pid_m * BR
     if HALF_TAIL:  # a block with no route in its second half runs the half-row tile
         tail_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         half_free = gl.min(gl.load(ids_ptr + BR // 2 + gl.arange(0, BR // 2, layout=tail_l)), axis=0) >= num_routes
