@@ -265,9 +265,22 @@ def test_pregather_heuristic_override_and_contract(gen, monkeypatch):
     register-A engine is refused."""
     monkeypatch.delenv("LOWBIT_W4A16_PREGATHER", raising=False)
     for n, k in ((4096, 7168), (7168, 2048)):
-        c = w4a16_indexed_config(8192, 48, n, k, gluon=True)
-        assert c.pregather and c.engine == "gluon_rs" and "pre-gathered" in c.reason, c
+        # EP8 256 / 512 tokens: the 64-row block's 128x64; 768-2048 tokens (tok_e 128-341, the
+        # in-kernel gather's 64-row middle included): the 128-row block on one warpgroup
+        for routes, tile in ((2048, (128, 64, 4, 2)), (4096, (128, 64, 4, 2)), (6144, (128, 128, 4, 2)),
+                             (8192, (128, 128, 4, 2)), (16384, (128, 128, 4, 2))):
+            c = w4a16_indexed_config(routes, 48, n, k, gluon=True)
+            assert c.pregather and c.engine == "gluon_rs" and "pre-gathered" in c.reason, c
+            assert (c.block_n, c.block_m, c.num_warps, c.num_stages) == tile, (routes, c)
         assert not w4a16_indexed_config(8192, 48, n, k).pregather  # no Hopper kernels: Triton
+    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "256")  # a forced tile keeps its own pre-gathered form
+    c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)
+    assert c.pregather and (c.block_n, c.block_m, c.num_warps) == (256, 128, 16), c
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")  # a forced engine without the form keeps it
+    c = w4a16_indexed_config(8192, 48, 4096, 7168, block_m=64, gluon=True)
+    assert not c.pregather and c.engine == "gluon_ws", c
+    monkeypatch.delenv("LOWBIT_W4A16_ENGINE")
+    monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     assert not w4a16_indexed_config(65536, 384, 512, 7168, gluon=True).pregather  # TP8 gate_up
     assert not w4a16_indexed_config(65536, 384, 7168, 256, gluon=True).pregather  # one K step: the N loop
     assert not w4a16_indexed_config(160, 48, 4096, 7168, gluon=True).pregather  # decode
@@ -567,8 +580,12 @@ def test_gluon_default_for_decode(monkeypatch):
     block past tok_e 90 (its half-empty blocks on the 64-row tile, said in the reason) except for
     tok_e 115-200 with K past one step (the 64-row block again). A one-step K (TP8 down) runs the
     block's N-loop tile. A routing block fixed by the caller stays; 8- and 128-row
-    blocks exist only on the Gluon kernel; an engine override wins."""
+    blocks exist only on the Gluon kernel; an engine override wins. These are the in-kernel
+    gather's choices (``LOWBIT_W4A16_PREGATHER=0``); the pre-gathered prefill defaults:
+    `test_pregather_heuristic_override_and_contract`."""
     from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
+
+    monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "0")
 
     # EP8 1 / 1 / 4 / 20 tokens; the 20-token down (8 K steps, a full grid) on 128 weight rows
     for routes, n, k, stages, rows in ((8, 4096, 7168, 3, 64), (8, 7168, 2048, 2, 64), (32, 4096, 7168, 2, 64),

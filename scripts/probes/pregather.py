@@ -2,7 +2,7 @@
 pre-gathered into the routing's slot order and loaded by TMA -- a probe, not a benchmark. It
 set `w4a16_indexed._PREGATHER`.
 
-    python scripts/probes/pregather.py [ep8] [tp8] [gather] [gathersweep]
+    python scripts/probes/pregather.py [ep8] [tp8] [gather] [gathersweep] [tiles]
 
 Why (thirtieth session): `indexed_vs_contiguous.py` found the indexed 256x128 0.86-0.87x the
 contiguous kernel on the same rows in order (Kimi EP8 shapes: gate_up 589.7 vs 514.9 us, down
@@ -62,6 +62,35 @@ def compare(draws) -> None:
         print(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}  {cells}", flush=True)
 
 
+def tiles() -> None:
+    """The pre-gathered path's tiles side by side (``PREGATHER_CMP``: tiles as BWxBRxWARPSxSTAGES,
+    comma-separated; the first is the reference) on the EP8 draws."""
+    spec = os.environ.get("PREGATHER_CMP", "128x64x4x2,256x128x16x2,128x128x4x2")
+    cmp = [tuple(int(x) for x in t.split("x")) for t in spec.split(",")]
+    for label, a, w, ids in v.indexed_draws("ep8_indexed_t1024", (512, 768, 1536, 2048), 48,
+                                            {"gate_up": (4096, 7168), "down": (7168, 2048)}, seed=13):
+        top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1
+        fns, outs, routes = {}, {}, {}
+        for tile in cmp:
+            if tile[1] not in routes:
+                routes[tile[1]] = routing.moe_align_block_size(ids, tile[1], w.num_experts)
+            r = routes[tile[1]]
+            key = "x".join(map(str, tile[:2])) + f"w{tile[2]}"
+            o = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            outs[key] = o
+            fns[key] = (lambda a=a, w=w, r=r, tile=tile, o=o: m.w4a16_indexed_sm90_launch(
+                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tile, True,
+                pregather=True))
+        t = measure_interleaved(fns, rounds=30)
+        for f in fns.values():
+            f()
+        torch.cuda.synchronize()
+        ref = next(iter(t))
+        cells = "  ".join(f"{k} {t[k].median_us:7.1f} x{t[ref].median_us / t[k].median_us:.3f}"
+                          f"{'' if torch.equal(outs[ref], outs[k]) else ' !'}" for k in t)
+        print(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}  {cells}", flush=True)
+
+
 def gathersweep() -> None:
     """`gather_indexed_rows`' program shape (rows, columns, warps) on the bench's EP8 1024-token draws."""
     from lowbit.kernels import moe_routing as mr
@@ -91,4 +120,4 @@ def tp8() -> None:
 
 if __name__ == "__main__":
     for part in [p for p in sys.argv[1:] if p != "gather"] or ("ep8", "tp8"):
-        {"ep8": ep8, "tp8": tp8, "gathersweep": gathersweep}[part]()
+        {"ep8": ep8, "tp8": tp8, "gathersweep": gathersweep, "tiles": tiles}[part]()

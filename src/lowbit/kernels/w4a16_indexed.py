@@ -302,14 +302,16 @@ _WS_BLOCKS = (64, 128)
 _GROUP_LOOP_BLOCKS = (64,)
 
 
-def _rs_block(tok_e: float, k: int, profile: str) -> tuple[int, str]:
+def _rs_block(tok_e: float, k: int, profile: str, pregathered: bool = False) -> tuple[int, str]:
     """The register-A kernel's routing block and its reason at this tok_e: `_GLUON_BLOCKS`, the EP
     decode block (`_EP_DECODE_BLOCK`), the 64-row block's second range for K past one step
-    (`_PREFILL_64_RANGE`), and a one-step K's N-loop edges (`_NLOOP_128_FROM`, `_NLOOP_32_UNTIL`)."""
+    (`_PREFILL_64_RANGE`; not on `pregathered` rows, where the 128-row block's one-warpgroup tile
+    wins there: `w4a16_sm90.PREGATHER_BLOCK_TILES`), and a one-step K's N-loop edges
+    (`_NLOOP_128_FROM`, `_NLOOP_32_UNTIL`)."""
     _, block, why = next(r for r in _GLUON_BLOCKS if tok_e <= r[0])
     if profile == "EP" and tok_e <= _EP_DECODE_BLOCK[0]:
         _, block, why = _EP_DECODE_BLOCK
-    if k > 256 and _PREFILL_64_RANGE[0] < tok_e <= _PREFILL_64_RANGE[1]:
+    if k > 256 and not pregathered and _PREFILL_64_RANGE[0] < tok_e <= _PREFILL_64_RANGE[1]:
         block, why = 64, _PREFILL_64_RANGE[2]
     if k <= 256 and block == 64 and tok_e > _NLOOP_128_FROM[0]:
         block, why = 128, _NLOOP_128_FROM[1]
@@ -340,7 +342,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     gluon = gluon and env_value(env, "engine") in ("", *REGISTER_A_ENGINES)
     if block_m is None:
         _, block_m, why = next(r for r in _M_TILES if tok_e <= r[0])
-        rs_block, rs_why = _rs_block(tok_e, k, profile)
+        rs_block, rs_why = _rs_block(tok_e, k, profile, _pregather_wanted(n, k, env[-1]))
         if gluon:
             block_m, why = rs_block, rs_why
     else:
@@ -384,25 +386,46 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         wide = False
     cfg = avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile,
                                        (num_routes, num_experts, n)), n)
-    return _with_pregather(cfg, k, n, env[-1])
+    return _with_pregather(cfg, k, n, env)
 
 
-def _with_pregather(cfg: W4A16Config, k: int, n: int, forced: str) -> W4A16Config:
-    """`cfg` with `pregather` set where its tile can run it (`w4a16_sm90.pregather_ok`): from
-    `_PREGATHER_MIN_N`, or as ``LOWBIT_W4A16_PREGATHER`` (`forced`, "" when unset) says."""
-    from .w4a16_sm90 import pregather_ok
-
-    tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
-    can = cfg.engine == "gluon_rs" and pregather_ok(tile, k, split_k=cfg.split_k)
+def _pregather_wanted(n: int, k: int, forced: str) -> bool:
+    """Whether a projection's rows are to be pre-gathered, tile permitting: ``LOWBIT_W4A16_PREGATHER``
+    (`forced`, "" when unset), else `_PREGATHER_MIN_N`; never for a one-step K (the N loop)."""
     if forced:
-        want = parse_override(PREGATHER_ENV, forced, False)
+        return parse_override(PREGATHER_ENV, forced, False) and k > 256
+    return n >= _PREGATHER_MIN_N[0] and k > 256
+
+
+def _with_pregather(cfg: W4A16Config, k: int, n: int, env: tuple) -> W4A16Config:
+    """`cfg` on pre-gathered rows where `_pregather_wanted` and a tile of `w4a16_sm90.PREGATHER_TILES`
+    serves its routing block: the block's pre-gathered tile (`PREGATHER_BLOCK_TILES`, the
+    register-A engine) unless the engine or the tile (``_BLOCK_N``, ``_NUM_STAGES``) is forced,
+    else the chosen tile if it has the form."""
+    from .w4a16_sm90 import PREGATHER_BLOCK_TILES, PREGATHER_TILES, pregather_ok
+
+    forced = env[-1]
+    want = _pregather_wanted(n, k, forced)
+    tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
+    free = not (env_value(env, "engine") or env_value(env, "block_n") or env_value(env, "num_stages"))
+    if want and cfg.engine in REGISTER_A_ENGINES and free and cfg.block_m in PREGATHER_BLOCK_TILES:
+        tile = PREGATHER_BLOCK_TILES[cfg.block_m]
+    elif want and cfg.engine in REGISTER_A_ENGINES:  # the chosen tile's own form, by weight rows and stages
+        tile = next((t for t in PREGATHER_TILES if (t[0], t[1], t[3]) == (tile[0], tile[1], tile[3])), tile)
+    can = (cfg.engine == "gluon_rs" or free) and pregather_ok(tile, k, split_k=cfg.split_k)
+    if forced:
         why = f"{PREGATHER_ENV}={forced}" + ("" if can or not want else ": this tile cannot (no pre-gathered form)")
     else:
-        want = n >= _PREGATHER_MIN_N[0]
         why = _PREGATHER_MIN_N[1] if want and can else ""
     if not why:
         return cfg
-    return replace(cfg, pregather=want and can, reason=f"{cfg.reason}; {why}")
+    if not (want and can):
+        return replace(cfg, reason=f"{cfg.reason}; {why}")
+    bw, _, warps, stages = tile
+    moved = "" if (bw, warps, stages) == (cfg.block_n, cfg.num_warps, cfg.num_stages) else (
+        f": instead, tile {bw} weight rows x {cfg.block_m} routes on {warps // 4} warpgroup(s), {stages} stages")
+    return replace(cfg, engine="gluon_rs", block_n=bw, num_warps=warps, num_stages=stages, pregather=True,
+                   reason=f"{cfg.reason}; {why}{moved}")
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -595,7 +618,9 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     from .w4a16_sm90 import w4a16_indexed_sm90_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
-    tiles = _engine_tiles(config.engine)
+    from .w4a16_sm90 import PREGATHER_TILES
+
+    tiles = _engine_tiles(config.engine) + (PREGATHER_TILES if config.pregather else ())
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     split = config.split_k
     if tile not in tiles or not config.swap_ab or (split != 1 and not _rs_splits(config.engine, tile, w.k, split)):

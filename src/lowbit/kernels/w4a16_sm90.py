@@ -227,7 +227,8 @@ INDEXED_WS_TILES = tuple(t for t in INDEXED_RS_TILES if t[2] == 8) + ((256, 64, 
 #: (64 routes) 547.1 / 310.2 -> 574.7 / 309.1 without a tail, 1.01-1.05x at 256-512 tokens with
 #: one (`HALF_TAIL_TILES`, `w4a16_indexed._GROUP_LOOP_BLOCKS`).
 GROUP_LOOP_MAXNREG = {(64, 8, 4, 2): 64, (64, 16, 4, 2): 72, (64, 32, 4, 2): 128,
-                      (128, 8, 4, 2): 96, (128, 16, 4, 2): 128, (128, 32, 4, 2): 128, (128, 64, 4, 2): 168}
+                      (128, 8, 4, 2): 96, (128, 16, 4, 2): 128, (128, 32, 4, 2): 128, (128, 64, 4, 2): 168,
+                      (128, 128, 4, 2): 240}  # the last: pre-gathered rows only (`PREGATHER_BLOCK_TILES`)
 #: Masked tiles whose form for a K of at most `SHORT_K_STEPS` 256-wide steps is a group-loop tile:
 #: a short loop cannot amortize a deep ring's fill, more CTAs an SM overlap the fills (the
 #: measurement above: masked 16 tok/expert, down K 2048 = 8 steps 1.17-1.19x, gate_up K 7168 0.99x).
@@ -2137,7 +2138,7 @@ def w4a16_grouped_split_launch(a, w, route, out, tile, max_m: int, warp_speciali
 #: tokens 578.8 / 318.1 -> 554.1 / 302.2, 512 tokens 755.1 / 406.4 -> 686.5 / 378.4, 256 tokens
 #: 376.7 / 215.2 -> 375.7 / 219.3.
 HALF_TAIL_TILES = {"masked": ((256, 64, 16, 3), (64, 32, 4, 4), (128, 64, 4, 2)),
-                   "indexed": ((256, 128, 16, 2), (128, 64, 4, 2))}
+                   "indexed": ((256, 128, 16, 2), (128, 64, 4, 2), (128, 128, 4, 2))}
 
 
 #: The warp-specialized (four-warpgroup) tiles' tails, each a second `_ws_mainloop` region in the
@@ -2162,7 +2163,7 @@ WS_TAIL_TILES = {"masked": ((256, 64, 16, 3),), "indexed": ((256, 64, 16, 3),)}
 #:   92.1 -> 90.3, EP32 103.7 -> 88.4 / 53.3 -> 52.4.
 #: Not kept: the 128x32 group loop by halves (52 KB, four CTAs an SM at 128 registers, which
 #: then spill): indexed 96 / 160 tokens 0.98-1.03x, masked 16 tok/expert down 0.88x.
-HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}
+HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2), (128, 128, 4, 2)), "masked": ((128, 64, 4, 2),), "contiguous": ()}
 #: Stack bytes a halves tile may spill (compile tier): the masked 128x64 at its 168-register cap
 #: (three CTAs an SM allow no more) keeps 15 epilogue scalars (output row, pointers, counts) on
 #: the stack across the main loop, stored once and read once a row block; measured faster as it
@@ -2328,8 +2329,20 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
 
 
 #: The register-A indexed tiles that can run on pre-gathered rows (`_w4a16_indexed_tma_kernel`):
-#: the prefill blocks' main-loop tiles (a K past one step).
-PREGATHER_TILES = ((256, 128, 16, 2), (128, 64, 4, 2))
+#: the prefill blocks' main-loop tiles (a K past one step), and one only that kernel runs: the
+#: 128-row block on one warpgroup (128 weight rows x 128 routes, group loop at 240 registers,
+#: its activations one step refilled by halves: 100 KB, two CTAs an SM; `PREGATHER_BLOCK_TILES`).
+#: With the in-kernel gather that tile spills (24 bytes at 240 registers): not offered there.
+PREGATHER_TILES = ((256, 128, 16, 2), (128, 64, 4, 2), (128, 128, 4, 2))
+#: The pre-gathered path's tile by routing block, where it differs from the block's default.
+#: H200, thirtieth session (`scripts/probes/pregather.py tiles`, one process, interleaved,
+#: bit-identical, us, all pre-gathered; 128x64 (64-row block) / 256x128 / 128x128 one warpgroup):
+#: Kimi EP8 gate_up at 512 / 768 / 1024 (the bench's) / 1536 / 2048 tokens 575.1 / 534.3 / 539.3,
+#: 763.1 / 758.0 / 733.6, 958.3 / 991.3 / 921.3, 1425.0 / 1387.5 / 1327.4, 1898.9 / 1780.6 /
+#: 1719.5; down 306.1 / 321.2 / 304.8, 391.7 / 394.4 / 376.5, 496.7 / 514.5 / 479.3, 711.4 / 710.3 /
+#: 663.7, 952.2 / 928.6 / 873.2: the one-warpgroup 128x128 1.03-1.11x the 256x128 (0.99x at 512
+#: tokens' gate_up), 1.00-1.10x the 64-row block.
+PREGATHER_BLOCK_TILES = {128: (128, 128, 4, 2)}
 
 
 def pregather_ok(tile, k: int, warp_specialize: bool = False, split_k: int = 1, regs_a: bool = True) -> bool:
