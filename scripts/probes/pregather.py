@@ -31,6 +31,19 @@ from lowbit.kernels.moe_routing import gather_indexed_rows
 from lowbit.kernels.w4a16_indexed import w4a16_indexed_config
 
 
+def report(head: str, fns: dict, outs: dict) -> None:
+    """Time `fns` interleaved, then print each against the first, "!" where its output (`outs`,
+    if it has one) differs bit for bit from the first's."""
+    t = measure_interleaved(fns, rounds=30)
+    for f in fns.values():
+        f()
+    torch.cuda.synchronize()
+    ref = next(iter(t))
+    cells = "  ".join(f"{k} {t[k].median_us:7.1f} x{t[ref].median_us / t[k].median_us:.3f}"
+                      f"{'' if k not in outs or torch.equal(outs[ref], outs[k]) else ' !'}" for k in t)
+    print(f"{head}  {cells}", flush=True)
+
+
 def compare(draws) -> None:
     for label, a, w, ids in draws:
         top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1
@@ -52,14 +65,7 @@ def compare(draws) -> None:
             if "gather" in sys.argv[1:]:
                 fns[f"gather{block}"] = (lambda a=a, r=r: gather_indexed_rows(
                     a, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k))
-        t = measure_interleaved(fns, rounds=30)
-        for f in fns.values():
-            f()
-        torch.cuda.synchronize()
-        ref = next(iter(t))
-        cells = "  ".join(f"{k} {t[k].median_us:7.1f} x{t[ref].median_us / t[k].median_us:.3f}"
-                          f"{'' if k not in outs or torch.equal(outs[ref], outs[k]) else ' !'}" for k in t)
-        print(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}  {cells}", flush=True)
+        report(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}", fns, outs)
 
 
 def tiles() -> None:
@@ -81,14 +87,7 @@ def tiles() -> None:
             fns[key] = (lambda a=a, w=w, r=r, tile=tile, o=o: m.w4a16_indexed_sm90_launch(
                 a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tile, True,
                 pregather=True))
-        t = measure_interleaved(fns, rounds=30)
-        for f in fns.values():
-            f()
-        torch.cuda.synchronize()
-        ref = next(iter(t))
-        cells = "  ".join(f"{k} {t[k].median_us:7.1f} x{t[ref].median_us / t[k].median_us:.3f}"
-                          f"{'' if torch.equal(outs[ref], outs[k]) else ' !'}" for k in t)
-        print(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}  {cells}", flush=True)
+        report(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}", fns, outs)
 
 
 def gathersweep() -> None:
