@@ -1,0 +1,57 @@
+"""The grouped contiguous kernel's 128-row blocks on the one-warpgroup 128x128 tile (group loop at
+240 registers, activations one step refilled by halves, two CTAs an SM) against their default
+four-warpgroup 256x128 -- a probe, not a benchmark (not yet run).
+
+    python scripts/probes/grouped_one_wg.py [rows ...]      # rows an expert, default 128 256 512
+
+Why (thirtieth session): on rows pre-gathered into the indexed routing's slot order -- the
+contiguous kernel's load with the indexed epilogue -- that tile ran 1.03-1.11x the 256x128 at
+Kimi EP8 768-2048 tokens (`pregather.py tiles`, `w4a16_sm90.PREGATHER_BLOCK_TILES`). The
+contiguous kernel runs the 256x128 at one CTA an SM (ep8_contiguous_512: 0.92x Humming). The
+tile is added to the tables in memory only (`GLUON_RS_TILES`, `HALF_ACT_TILES`); compiled
+offline in the thirtieth session: 238 registers, no spill, 100 KB of shared memory.
+
+Kimi EP8 gate_up / down, 48 experts x `rows` rows (every segment full), one process,
+interleaved CUDA-graph replays behind an L2 flush (`measure_interleaved`); outputs compared bit
+for bit with the default tile's ("!" marks a difference)."""
+import sys
+
+import torch
+
+from lowbit.bench.cases import make_weight
+from lowbit.bench.timing import measure_interleaved
+from lowbit.formats.w4a16 import pack_w4a16_grouped
+from lowbit.kernels import w4a16_sm90 as m
+from lowbit.kernels.w4a16_grouped import w4a16_grouped_config
+
+ONE_WG = (128, 128, 4, 2)
+m.GLUON_RS_TILES = m.GLUON_RS_TILES + (ONE_WG,)
+m.HALF_ACT_TILES = {**m.HALF_ACT_TILES, "contiguous": m.HALF_ACT_TILES["contiguous"] + (ONE_WG,)}
+
+
+def main(rows_list) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(30)
+    for rows in rows_list:
+        for proj, n, k in (("gate_up", 4096, 7168), ("down", 7168, 2048)):
+            m_rows = 48 * rows
+            a = torch.randn(m_rows, k, generator=gen, device="cuda").to(torch.bfloat16)
+            w = pack_w4a16_grouped(make_weight(48, n, k, "cuda"), mode="contiguous")
+            m_idx = torch.arange(48, device="cuda", dtype=torch.int32).repeat_interleave(rows)
+            cfg = w4a16_grouped_config("contiguous", m_rows, n, k, 48, 0, gluon=True)
+            tiles = {"default": (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages), "128x128w4": ONE_WG}
+            outs = {name: torch.full((m_rows, n), float("nan"), dtype=torch.bfloat16, device="cuda") for name in tiles}
+            fns = {name: (lambda t=t, o=outs[name]: m.w4a16_grouped_sm90_launch(a, w, m_idx, o, t, regs_a=True))
+                   for name, t in tiles.items()}
+            t = measure_interleaved(fns, rounds=30)
+            for f in fns.values():
+                f()
+            torch.cuda.synchronize()
+            same = torch.equal(outs["default"], outs["128x128w4"])
+            d = t["default"].median_us
+            print(f"contiguous {rows} rows/expert {proj:8} default {tiles['default']} {d:7.1f}  128x128w4 "
+                  f"{t['128x128w4'].median_us:7.1f} x{d / t['128x128w4'].median_us:.3f}{'' if same else ' !'}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main([int(r) for r in sys.argv[1:]] or [128, 256, 512])
