@@ -430,7 +430,9 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     picked is one the kernel is built for."""
     from lowbit.kernels import w4a16_sm90 as sm90
 
-    assert set(sm90.GROUP_LOOP_MAXNREG) <= set(sm90.GLUON_RS_TILES) | set(sm90.INDEXED_RS_TILES)
+    # (the pre-gathered indexed kernel's own tile included: `PREGATHER_BLOCK_TILES`)
+    assert set(sm90.GROUP_LOOP_MAXNREG) <= (set(sm90.GLUON_RS_TILES) | set(sm90.INDEXED_RS_TILES)
+                                            | set(sm90.PREGATHER_TILES))
     assert all(t[2] == 4 for t in sm90.GROUP_LOOP_MAXNREG)  # one warpgroup: the loop's register budget
     assert set(sm90.THIN_GRID_TILES) <= set(sm90.GROUP_LOOP_MAXNREG)
     assert set(sm90.SHORT_K_TILES.values()) <= set(sm90.GROUP_LOOP_MAXNREG) & set(sm90.GLUON_RS_TILES)
@@ -467,7 +469,9 @@ def test_tail_tiles_are_offered_and_reported():
     from lowbit.kernels import w4a16_sm90 as sm90
 
     assert set(sm90.HALF_TAIL_TILES["masked"]) <= set(sm90.GLUON_RS_TILES)
-    assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES)
+    assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES) | set(sm90.PREGATHER_TILES)
+    assert set(sm90.PREGATHER_BLOCK_TILES.values()) <= set(sm90.PREGATHER_TILES)
+    assert set(sm90.HALF_ACT_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES) | set(sm90.PREGATHER_TILES)
     table = sm90.WS_TAIL_TILES
     assert set(table["masked"]) <= set(sm90.GLUON_WS_TILES) and set(table["indexed"]) <= set(sm90.INDEXED_WS_TILES)
     assert all(t[0] == 256 for ts in table.values() for t in ts)
