@@ -272,7 +272,8 @@ def test_pregather_heuristic_override_and_contract(gen, monkeypatch):
             c = w4a16_indexed_config(routes, 48, n, k, gluon=True)
             assert c.pregather and c.engine == "gluon_rs" and "pre-gathered" in c.reason, c
             assert (c.block_n, c.block_m, c.num_warps, c.num_stages) == tile, (routes, c)
-            assert (tile[1] == 128) == ("on one warpgroup, 2 stages, its activations refilled" in c.reason), c.reason
+            assert (tile[1] == 128) == ("x 128 routes on one warpgroup, 2 stages" in c.reason), c.reason
+            assert (tile[1] == 128) == ("refilled by halves: two CTAs an SM" in c.reason), c.reason
         assert not w4a16_indexed_config(8192, 48, n, k).pregather  # no Hopper kernels: Triton
     monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", "256")  # a forced tile keeps its own pre-gathered form
     c = w4a16_indexed_config(8192, 48, 4096, 7168, gluon=True)

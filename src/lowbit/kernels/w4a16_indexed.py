@@ -384,9 +384,10 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                           "1.01-1.05x the warp-specialized 256x64)")
     else:
         wide = False
+    pregather = _pregather_wanted(n, k, env[-1])
     cfg = avoid_miscompile(_fit_engine(apply_env_overrides(cfg, "W4A16"), env, k, wide, programs, profile,
-                                       (num_routes, num_experts, n)), n)
-    return _with_pregather(cfg, k, n, env)
+                                       (num_routes, num_experts, n), pregather), n)
+    return _with_pregather(cfg, k, env[-1], pregather)
 
 
 def _pregather_wanted(n: int, k: int, forced: str) -> bool:
@@ -397,41 +398,20 @@ def _pregather_wanted(n: int, k: int, forced: str) -> bool:
     return n >= _PREGATHER_MIN_N[0] and k > 256
 
 
-def _with_pregather(cfg: W4A16Config, k: int, n: int, env: tuple) -> W4A16Config:
-    """`cfg` on pre-gathered rows where `_pregather_wanted` and a tile of `w4a16_sm90.PREGATHER_TILES`
-    serves its routing block: the block's pre-gathered tile (`PREGATHER_BLOCK_TILES`, the
-    register-A engine) unless the engine or the tile (``_BLOCK_N``, ``_NUM_STAGES``) is forced,
-    else the chosen tile if it has the form."""
-    from .w4a16_sm90 import PREGATHER_BLOCK_TILES, PREGATHER_TILES, pregather_ok
+def _with_pregather(cfg: W4A16Config, k: int, forced: str, want: bool) -> W4A16Config:
+    """`cfg` with `pregather` set where `want` (`_pregather_wanted`) and its tile has the form
+    (`w4a16_sm90.pregather_ok`; `_fit_engine` picked that tile), the reason saying why or why not."""
+    from .w4a16_sm90 import pregather_ok
 
-    forced = env[-1]
-    want = _pregather_wanted(n, k, forced)
     tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
-    free = not (env_value(env, "engine") or env_value(env, "block_n") or env_value(env, "num_stages"))
-    if want and cfg.engine in REGISTER_A_ENGINES and free and cfg.block_m in PREGATHER_BLOCK_TILES:
-        tile = PREGATHER_BLOCK_TILES[cfg.block_m]
-    elif want and cfg.engine in REGISTER_A_ENGINES:  # the chosen tile's own form, by weight rows and stages
-        tile = next((t for t in PREGATHER_TILES if (t[0], t[1], t[3]) == (tile[0], tile[1], tile[3])), tile)
-    can = (cfg.engine == "gluon_rs" or free) and pregather_ok(tile, k, split_k=cfg.split_k)
+    can = cfg.engine == "gluon_rs" and pregather_ok(tile, k, split_k=cfg.split_k)
     if forced:
         why = f"{PREGATHER_ENV}={forced}" + ("" if can or not want else ": this tile cannot (no pre-gathered form)")
     else:
         why = _PREGATHER_MIN_N[1] if want and can else ""
     if not why:
         return cfg
-    if not (want and can):
-        return replace(cfg, reason=f"{cfg.reason}; {why}")
-    bw, _, warps, stages = tile
-    reason = cfg.reason
-    if (bw, warps, stages) != (cfg.block_n, cfg.num_warps, cfg.num_stages):  # the tile `_fit_engine` said moved
-        cut = reason.rfind(f"; {cfg.engine} tile ")
-        reason = reason[:cut] if cut >= 0 else reason
-        reason += (f"; gluon_rs tile {bw} weight rows x {cfg.block_m} routes on one warpgroup, {stages} stages, "
-                   f"its activations refilled by halves, two CTAs an SM (H200 EP8 768-2048 tokens, pre-gathered: "
-                   f"1.03-1.11x the 256-weight-row tile); a block with no route past slot {cfg.block_m // 2} runs "
-                   f"the {cfg.block_m // 2}-row tile")
-    return replace(cfg, engine="gluon_rs", block_n=bw, num_warps=warps, num_stages=stages, pregather=True,
-                   reason=f"{reason}; {why}")
+    return replace(cfg, pregather=want and can, reason=f"{cfg.reason}; {why}")
 
 
 def _engine_tiles(engine: str) -> tuple:
@@ -442,7 +422,8 @@ def _engine_tiles(engine: str) -> tuple:
 
 
 def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
-                programs: float = float("inf"), profile: str = "", grid: tuple | None = None) -> W4A16Config:
+                programs: float = float("inf"), profile: str = "", grid: tuple | None = None,
+                pregather: bool = False) -> W4A16Config:
     """``LOWBIT_W4A16_ENGINE=gluon`` / ``gluon_rs`` as a global switch: that kernel's tile with
     the same routing block size (a split-K kept only where the register-A kernel splits:
     `_rs_splits`); ``LOWBIT_W4A16_BLOCK_N`` (weight rows) and ``_NUM_STAGES`` pick among its
@@ -454,7 +435,11 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     `profile` ("EP" / "TP") its 128-row form was measured for, one whose grid and K allow runs
     that form (`WIDE_DECODE_TILES`) unless a stage count or weight rows are forced. `grid`:
     (routes, experts, N), for the N-loop kernel's tiles a program (`nloop_n_tiles`, on an H200's
-    SMs; the launcher counts the GPU's). The reason says what was chosen."""
+    SMs; the launcher counts the GPU's). `pregather` (`_pregather_wanted`): the tile for rows
+    pre-gathered, the routing block's own (`w4a16_sm90.PREGATHER_BLOCK_TILES`, on the register-A
+    engine) unless the engine or the tile is forced, else on ``gluon_rs`` the pre-gathered form of
+    the tile picked (same weight rows and stages; `PREGATHER_TILES`). The reason says what was
+    chosen."""
     if cfg.engine == "triton":
         return cfg
     if cfg.engine not in GLUON_ENGINES:
@@ -474,6 +459,14 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     tile, note = pick_gluon_tile(tiles, cfg.block_m, cfg, env, wide), ""
     if engine == "gluon_rs" and not env_value(env, "num_stages"):
         tile, note = group_loop_tile(tile, programs, k, family="" if env_value(env, "block_n") else profile)
+    if pregather and k > 256 and engine in REGISTER_A_ENGINES:
+        from .w4a16_sm90 import PREGATHER_BLOCK_TILES, PREGATHER_TILES
+
+        forced = env_value(env, "engine") or env_value(env, "block_n") or env_value(env, "num_stages")
+        if not forced and cfg.block_m in PREGATHER_BLOCK_TILES:
+            engine, tile, note = "gluon_rs", PREGATHER_BLOCK_TILES[cfg.block_m], ""
+        elif engine == "gluon_rs":
+            tile = next((t for t in PREGATHER_TILES if (t[0], t[1], t[3]) == (tile[0], cfg.block_m, tile[3])), tile)
     bw, _, warps, stages = tile
     tile = (bw, cfg.block_m, warps, stages)  # (the routing's block even where no tile has it: refused at launch)
     if engine in REGISTER_A_ENGINES and runs_nloop(tile, k):
@@ -485,7 +478,8 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
                         "down: 1.14x)")
     elif tail := tail_rows(tile, engine, "indexed"):
         measured = ("384 tokens: 1.03-1.06x" if engine == "gluon_ws"
-                    else "384 / 512 tokens: 1.04-1.10x" if cfg.block_m == 64 else "1024 tokens: 1.09x")
+                    else "384 / 512 tokens: 1.04-1.10x" if cfg.block_m == 64
+                    else "1024 tokens: 1.09x" if bw == 256 else "1024 tokens, on the 256x128: 1.09x")
         variant = f"; a block with no route past slot {tail} runs the {tail}-row tile (H200 EP8 {measured})"
         variant += half_acts_note(tile, engine, "indexed")
     else:
@@ -493,8 +487,10 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     split = cfg.split_k if _rs_splits(engine, tile, k, cfg.split_k) else 1
     if split > 1:
         variant += f"; K in {split} shares (FP32, summed by a second kernel)"
+    one_wg = " on one warpgroup" if warps == 4 and cfg.block_m == 128 else ""
     return replace(cfg, engine=engine, block_n=bw, num_warps=warps, num_stages=stages, swap_ab=True, split_k=split,
-                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes, {stages} stages{variant}")
+                   reason=f"{cfg.reason}; {engine} tile {bw} weight rows x {cfg.block_m} routes{one_wg}, {stages} "
+                          f"stages{variant}")
 
 
 def w4a16_indexed_config(num_routes: int, num_experts: int, n: int, k: int, block_m: int | None = None,
@@ -621,11 +617,9 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
                   routing_ready: bool = False) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
-    from .w4a16_sm90 import w4a16_indexed_sm90_launch
+    from .w4a16_sm90 import PREGATHER_TILES, w4a16_indexed_sm90_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
-    from .w4a16_sm90 import PREGATHER_TILES
-
     tiles = _engine_tiles(config.engine) + (PREGATHER_TILES if config.pregather else ())
     tile = (config.block_n, config.block_m, config.num_warps, config.num_stages)
     split = config.split_k

@@ -2183,6 +2183,9 @@ def half_acts_note(tile, engine: str, family: str) -> str:
     or "contiguous"."""
     if engine != "gluon_rs" or not _half_acts(tile, False, family):
         return ""
+    if tuple(tile) in PREGATHER_BLOCK_TILES.values():
+        return ("; one K step of activations refilled by halves: two CTAs an SM (H200 EP8 768-2048 tokens, "
+                "pre-gathered: 1.03-1.11x the 256x128)")
     measured = "EP8 192-384 tokens: 1.08-1.14x" if family == "indexed" else "masked 32 tok/expert: 1.01-1.17x"
     return f"; one K step of activations refilled by halves: three CTAs an SM (H200 {measured})"
 
