@@ -380,6 +380,58 @@ def test_interleaved_rows_prepare_together_and_release(monkeypatch, extra_provid
     cases_mod.clear_weight_cache()
 
 
+def test_providers_that_cannot_be_captured_are_timed_eagerly(monkeypatch, extra_providers):
+    """A provider with ``graph_capturable = False`` (the quantizers' torch references sync with
+    the host, which CUDA-graph capture refuses) is timed by `measure` with ``cuda_graph=False``
+    under ``--cuda-graph`` and under ``--interleave``; the others keep the graph."""
+    import types
+
+    from lowbit.bench import driver
+    from lowbit.bench.ops import QuantTorchRef
+    from lowbit.bench.timing import Timing
+
+    assert QuantTorchRef.graph_capturable is False
+    seen = []
+
+    class Eager(TorchProvider):
+        name = "eager"
+        graph_capturable = False
+
+    def fake_measure(fn, device=None, **kw):
+        seen.append(("measure", kw.get("cuda_graph")))
+        return Timing(5.0, 4.0, 6.0, 3.0, 5.0, 3, True, bool(kw.get("cuda_graph")), "cuda_event")
+
+    def fake_interleaved(fns, rounds, device):
+        seen.append(("interleaved", len(fns)))
+        return {k: Timing(7.0, 6.0, 8.0, 5.0, 7.0, rounds, True, True, "cuda_event") for k in fns}
+
+    monkeypatch.setitem(PROVIDERS, "eager", Eager)
+    monkeypatch.setattr(driver, "measure", fake_measure)
+    monkeypatch.setattr(driver, "measure_interleaved", fake_interleaved)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    cuda = types.SimpleNamespace(type="cuda")
+
+    def entries():
+        out = []
+        for name in ("eager", "torch"):
+            problem = build_problem(CASES["smoke_indexed"], "gate_up", "cpu")
+            row = dict.fromkeys(ROW_KEYS)
+            row.update(total_bytes=1000, flops=2000)
+            out.append((PROVIDERS[name](), row, problem, lambda o, p=problem: refcheck(o, p), (4.5, 678.0)))
+        return out
+
+    e = entries()
+    driver._check_then_time(e, cuda, {"cuda_graph": True}, lambda m: None)
+    assert seen == [("measure", False), ("measure", True)]
+    assert [r[1]["cuda_graph"] for r in e] == [False, True]
+    seen.clear()
+    e = entries()
+    driver._check_then_time(e, cuda, {"cuda_graph": True}, lambda m: None, interleave=3)
+    assert seen == [("measure", False), ("interleaved", 1)]
+    assert [r[1]["status"] for r in e] == ["ok", "ok"] and e[1][1]["median_us"] == 7.0
+    cases_mod.clear_weight_cache()
+
+
 def test_refcheck_rejects_wrong_shape_and_nan():
     p = build_problem(CASES["smoke_masked"], "down", "cpu")
     prov = TorchProvider()

@@ -221,11 +221,17 @@ def _check_then_time(entries: list[tuple[Any, dict[str, Any], Any, Callable, tup
     (rounds, 0: off; CUDA only): the providers that passed are timed together by
     `timing.measure_interleaved` (CUDA-graph replays in turn, a fresh order each round, the L2
     flushed by a read before each), so each sees the same clocks; otherwise one after another
-    with `timing.measure` (kwargs `timing`), each releasing before the next prepares."""
+    with `timing.measure` (kwargs `timing`), each releasing before the next prepares. A provider
+    that is not ``graph_capturable`` (a host-syncing reference) is always timed alone with eager
+    launches; its row's ``cuda_graph`` is then False."""
+    eager = dict(timing or {}, cuda_graph=False)
     if interleave and device.type == "cuda":
         ready = {}  # entry index -> (provider, row, ceilings)
         try:
             for i, (prov, row, problem, check, cl) in enumerate(entries):
+                if not getattr(prov, "graph_capturable", True):  # timed alone, eagerly
+                    _time_one(prov, row, problem, check, cl, device, eager, say)
+                    continue
                 if _prepare_and_check(prov, row, problem, check, device, say):
                     ready[i] = (prov, row, cl)
             if ready:
@@ -244,14 +250,20 @@ def _check_then_time(entries: list[tuple[Any, dict[str, Any], Any, Callable, tup
         return
     for prov, row, problem, check, cl in entries:
         try:
-            if _prepare_and_check(prov, row, problem, check, device, say):
-                try:
-                    _fill_timing(row, measure(prov.run, device=device, **(timing or {})), cl)
-                except Exception as exc:  # noqa: BLE001
-                    row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
-                    say("".join(traceback.format_exception_only(type(exc), exc)).strip())
+            _time_one(prov, row, problem, check, cl, device,
+                      (timing or {}) if getattr(prov, "graph_capturable", True) else eager, say)
         finally:
             prov.release()
+
+
+def _time_one(prov, row: dict[str, Any], problem, check, cl, device, timing: dict[str, Any], say) -> None:
+    """Prepare, check and (if the check passed) time one provider with `timing.measure`."""
+    if _prepare_and_check(prov, row, problem, check, device, say):
+        try:
+            _fill_timing(row, measure(prov.run, device=device, **timing), cl)
+        except Exception as exc:  # noqa: BLE001
+            row.update(status="error", message=f"{type(exc).__name__}: {exc}"[:500])
+            say("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 def _base_row(problem: Problem, provider: str, env: dict[str, Any], ceilings: tuple[float, float]) -> dict[str, Any]:

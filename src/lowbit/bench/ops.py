@@ -381,6 +381,7 @@ class OpProvider:
     baseline: ClassVar[bool] = False
     ref_key: ClassVar[str] = "default"
     needs_cuda: ClassVar[bool] = False
+    graph_capturable: ClassVar[bool] = True  # as `lowbit.bench.providers.Provider.graph_capturable`
 
     def __init__(self) -> None:
         self._call: Callable[[], Any] | None = None
@@ -751,6 +752,8 @@ class QuantTorchRef(OpProvider):
     name = "torch-ref"
     group = "torch"
     baseline = True
+    # the references check their input on the host (a NaN readback), which graph capture refuses
+    graph_capturable = False
 
     def prepare(self, problem: OpProblem) -> None:
         from ..reference.quant import act_quant_ref, fp4_quant_ref  # noqa: PLC0415

@@ -47,6 +47,10 @@ class Provider:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    #: False for a provider whose call syncs with the host (a reference that validates its
+    #: input): the bench then times it with eager launches even under ``--cuda-graph`` /
+    #: ``--interleave``, and its row's ``cuda_graph`` field says so.
+    graph_capturable: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._call: Callable[[], torch.Tensor] | None = None
