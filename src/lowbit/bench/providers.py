@@ -20,6 +20,8 @@ Providers:
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 import json
 from typing import Any, Callable, ClassVar
@@ -401,9 +403,7 @@ class LowbitProvider(Provider):
         routing = moe_align_block_size(problem.topk_ids, cfg.block_m, e)
         a, top_k = problem.hidden, problem.proj.top_k
         out = torch.empty(a.shape[0] * top_k, n, dtype=torch.bfloat16, device=a.device)
-        self._config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "engine": cfg.engine,
-                        "reason": cfg.reason}
+        self._config = dataclasses.asdict(cfg)  # every field (split_k, pregather...) on the row
         sorted_ids, expert_ids, ntpp = routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded
         return lambda: fn(a, w, sorted_ids, expert_ids, ntpp, top_k, out=out, config=cfg)
 
@@ -415,9 +415,7 @@ class LowbitProvider(Provider):
         expected_m = problem.expected_m if mode == "masked" else 0
         a2d = a if a.dim() == 2 else a.view(-1, a.shape[-1])
         cfg = mod.w4a16_grouped_config(mode, a2d.shape[0], n, k, g, expected_m, gluon=mod.gluon_capable(a2d, w))
-        self._config = {"block_m": cfg.block_m, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                        "num_stages": cfg.num_stages, "swap_ab": cfg.swap_ab, "engine": cfg.engine,
-                        "reason": cfg.reason}
+        self._config = dataclasses.asdict(cfg)  # every field (split_k, pregather...) on the row
         if mode == "contiguous":
             m_indices = problem.contiguous.m_indices
             return lambda: fn(a, w, m_indices, config=cfg)
