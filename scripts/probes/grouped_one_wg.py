@@ -1,6 +1,6 @@
 """The grouped contiguous kernel's 128-row blocks on the one-warpgroup 128x128 tile (group loop at
 240 registers, activations one step refilled by halves, two CTAs an SM) against their default
-four-warpgroup 256x128 -- a probe, not a benchmark (not yet run).
+four-warpgroup 256x128 -- a probe, not a benchmark.
 
     python scripts/probes/grouped_one_wg.py [rows ...]      # rows an expert, default 128 256 512
 
@@ -13,7 +13,11 @@ offline in the thirtieth session: 238 registers, no spill, 100 KB of shared memo
 
 Kimi EP8 gate_up / down, 48 experts x `rows` rows (every segment full), one process,
 interleaved CUDA-graph replays behind an L2 flush (`measure_interleaved`); outputs compared bit
-for bit with the default tile's ("!" marks a difference)."""
+for bit with the default tile's ("!" marks a difference).
+
+Result (H200, thirty-first session, call 1, default / 128x128 us): 128 rows gate_up 519.3 / 543.3,
+down 298.5 / 303.3; 256 rows 1026.3 / 1073.1, 578.6 / 574.0; 512 rows 2184.3 / 2216.4, 1156.0 /
+1128.3 (0.96-1.03x, bit-identical): not adopted."""
 import sys
 
 import torch
