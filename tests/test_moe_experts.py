@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lowbit import moe_experts, reference
+from lowbit import moe_experts, reference, routing
 from lowbit.formats import get_format
 from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels.moe_decode import pack_mxfp8_experts
@@ -15,7 +15,14 @@ from lowbit.kernels.moe_elementwise import combine_topk, silu_mul
 from lowbit.kernels.pdl import ENV as PDL_ENV
 from lowbit.kernels.pdl import launch_options, pdl_enabled
 from lowbit.moe import OUTPUT_CENTRIC_MAX_TOKENS, moe_experts_path
-from lowbit.testing import assert_close, poison_, random_topk_ids, random_topk_weights
+from lowbit.testing import (
+    POISON_BF16,
+    assert_bitwise_equal,
+    assert_close,
+    poison_,
+    random_topk_ids,
+    random_topk_weights,
+)
 
 INT4 = get_format("int4_g32")
 
@@ -135,6 +142,35 @@ def test_silu_mul_and_combine_topk(gen, device):
         silu_mul(gu[:, :-1].to(device))
 
 
+@pytest.mark.parametrize("block", [32, 64])
+def test_silu_mul_in_slot_order(block, gen, device):
+    """``silu_mul(gu, routing=r)``: slot s of a live block gets row ``sorted_ids[s]`` of
+    ``silu_mul(gu)``, bit for bit; sentinel slots, a remote expert's blocks and an over-allocated
+    buffer's blocks past the device-side count keep the poison; a routing of another route count
+    is refused. I off the kernel's 256-column tile."""
+    from dataclasses import replace
+
+    t, k, e, inter = 21, 3, 5, 200
+    ids = random_topk_ids(t, k, e, generator=gen).to(device)
+    emap = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)  # expert 2 remote
+    r = routing.moe_align_block_size(ids, block, e, emap)
+    routes = ids.numel()
+    r = replace(r, sorted_token_ids=torch.cat([r.sorted_token_ids, torch.full((block,), routes, dtype=torch.int32,
+                                                                               device=device)]),
+                expert_ids=torch.cat([r.expert_ids, torch.zeros(1, dtype=torch.int32, device=device)]))
+    gu = (torch.randn(routes, 2 * inter, generator=gen) * 3).to(torch.bfloat16).to(device)
+    out = poison_(torch.empty(r.sorted_token_ids.numel(), inter, dtype=torch.bfloat16, device=device))
+    assert silu_mul(gu, out=out, routing=r) is out
+    sid = r.sorted_token_ids.cpu()
+    slot = torch.arange(sid.numel())
+    live = (slot < r.num_tokens_post_padded.cpu()) & (r.expert_ids.cpu().repeat_interleave(block) >= 0) & (sid < routes)
+    assert live.any() and (~live).any()
+    assert_bitwise_equal(out.cpu()[live], silu_mul(gu).cpu()[sid[live].long()], "SiLU rows in slot order")
+    assert (out.cpu()[~live] == POISON_BF16).all(), "slots without a live route must keep the poison"
+    with pytest.raises(ValueError, match="routes"):
+        silu_mul(gu[:-1], routing=r)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 32])
 def test_kimi_shapes_both_paths(m, gen):
@@ -227,3 +263,29 @@ def test_pdl_chain_matches_plain_launches(m, gen, monkeypatch):
         torch.testing.assert_close(o, plain[i % len(draws)], rtol=0, atol=0, msg=f"replay {i}")
     ref = reference.moe_experts_ref(hidden, *draws[0], q13, q2, round_intermediate=True)
     assert_close(outs[0].cpu().float(), ref.cpu(), "bf16_chain", f"PDL chain, {path}, {m} tokens")
+
+
+@pytest.mark.gpu
+def test_prefill_layer_down_reads_silu_rows_in_slot_order(gen):
+    """Where down runs on pre-gathered rows (Kimi-like prefill: 256 tokens on 12 experts), the
+    layer's SiLU writes them in slot order and down skips its gather: bit for bit the layer
+    built from the public pieces with down gathering its own rows, and the reference's answer."""
+    from lowbit.kernels.w4a16_indexed import w4a16_indexed  # noqa: PLC0415
+    from lowbit.moe import indexed_configs  # noqa: PLC0415
+
+    e, h, inter, m, k = 12, 7168, 2048, 256, 8
+    w13, w2, q13, q2 = _int4(e, h, inter, gen, "cuda")
+    hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
+    ids = random_topk_ids(m, k, e, generator=gen).cuda()
+    tw = random_topk_weights(m, k, generator=gen).cuda()
+    c1, c2 = indexed_configs(hidden, k, w13, w2)
+    assert c2.pregather, c2
+    out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device="cuda"))
+    moe_experts(hidden, ids, tw, w13, w2, out=out, path="indexed")
+    r1 = routing.moe_align_block_size(ids, c1.block_m, e)
+    r2 = routing.moe_align_block_size(ids, c2.block_m, e)
+    gu = w4a16_indexed(hidden, w13, r1.sorted_token_ids, r1.expert_ids, r1.num_tokens_post_padded, k, config=c1)
+    y = w4a16_indexed(silu_mul(gu), w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1, config=c2)
+    assert_bitwise_equal(out, combine_topk(y, ids, tw, e), "slot-order SiLU vs down's own gather")
+    ref = reference.moe_experts_ref(hidden, ids, tw, q13, q2, round_intermediate=True)
+    assert_close(out.cpu().float(), ref.cpu(), "bf16_chain", "prefill layer, SiLU rows in slot order")

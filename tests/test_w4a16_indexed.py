@@ -8,6 +8,7 @@ import torch
 from lowbit import reference, routing
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
+from lowbit.kernels.moe_routing import gather_indexed_rows
 from lowbit.kernels.w4a16_core import VALIDATED_TILES
 from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
 from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES, PREGATHER_TILES
@@ -30,7 +31,10 @@ def _problem(e, n, k, t, top_k, gen, device, hot=None):
     return wq, pack_w4a16(wq).to(device), a.to(device), ids.to(device)
 
 
-def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, over_alloc=0, split_k=0):
+def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, over_alloc=0, split_k=0,
+           slot_order=False):
+    """(out, FP32 reference) of `w4a16_indexed` on a fresh routing; `slot_order`: `a` handed over
+    already in slot order (`gather_indexed_rows`, ``slot_order_routes``)."""
     e = ids.max().item() + 1 if emap is None else emap.numel()
     r = routing.moe_align_block_size(ids, block, max(e, wq.codes.shape[0]) if emap is None else emap.numel(), emap)
     sorted_ids, expert_ids = r.sorted_token_ids, r.expert_ids
@@ -41,8 +45,13 @@ def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, o
     cfg = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
     if split_k:
         cfg = replace(cfg, split_k=split_k)
-    w4a16_indexed(a, pw, sorted_ids, expert_ids, r.num_tokens_post_padded, top_k,
-                  topk_weights=topk_weights, out=out, config=cfg)
+    if slot_order:
+        a_slots = gather_indexed_rows(a, sorted_ids, expert_ids, r.num_tokens_post_padded, top_k)
+        w4a16_indexed(a_slots, pw, sorted_ids, expert_ids, r.num_tokens_post_padded, 1, topk_weights=topk_weights,
+                      out=out, config=cfg, slot_order_routes=ids.numel())
+    else:
+        w4a16_indexed(a, pw, sorted_ids, expert_ids, r.num_tokens_post_padded, top_k,
+                      topk_weights=topk_weights, out=out, config=cfg)
     ref = reference.w4a16_indexed_ref(a.cpu(), wq, r.sorted_token_ids.cpu(), r.expert_ids.cpu(),
                                       r.num_tokens_post_padded.cpu(), top_k,
                                       None if topk_weights is None else topk_weights.cpu())
@@ -218,9 +227,10 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
 @pytest.mark.parametrize("tile", PREGATHER_TILES, ids=lambda t: "x".join(map(str, t)))
 def test_pregather_matches_reference_and_the_in_kernel_gather(tile, gen, monkeypatch):
     """``LOWBIT_W4A16_PREGATHER=1`` (rows gathered into slot order, then loaded by TMA) on each
-    tile that has the form: the reference's answer, bit for bit the in-kernel gather's, on K off
-    the step, ring wraps, ~150 and ~44 rows an expert (full blocks, half tails), a hot expert
-    with routing weights and over-allocated buffers, and remote experts with dropped routes."""
+    tile that has the form: the reference's answer, bit for bit the in-kernel gather's (and the
+    same again with the rows handed over in slot order, ``slot_order_routes``), on K off the
+    step, ring wraps, ~150 and ~44 rows an expert (full blocks, half tails), a hot expert with
+    routing weights and over-allocated buffers, and remote experts with dropped routes."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
     bw, block, _, stages = tile
@@ -229,13 +239,14 @@ def test_pregather_matches_reference_and_the_in_kernel_gather(tile, gen, monkeyp
 
     def both(wq, pw, a, ids, top_k, what, **kw):
         outs = []
-        for pre in ("0", "1"):
-            monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", pre)
+        for pre in ("0", "1", "slots"):
+            monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "0" if pre == "0" else "1")
             c = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
-            assert (c.block_n, c.num_stages, c.pregather) == (bw, stages, pre == "1"), c
-            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", **kw)
+            assert (c.block_n, c.num_stages, c.pregather) == (bw, stages, pre != "0"), c
+            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", slot_order=pre == "slots", **kw)
             outs.append(out)
         assert_bitwise_equal(outs[1], outs[0], f"pre-gathered vs in-kernel gather, {what}")
+        assert_bitwise_equal(outs[2], outs[1], f"rows handed over in slot order vs gathered by the launcher, {what}")
         return outs[1], ref
 
     for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (3, 200, 1056, 40, 2), (2, 72, 2304, 6, 2),
@@ -303,6 +314,15 @@ def test_pregather_heuristic_override_and_contract(gen, monkeypatch):
     with pytest.raises(ValueError, match="pregather"):
         w4a16_indexed(a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 2,
                       config=replace(c, pregather=True))
+    # rows in slot order: one a slot, top_k 1, and only where the engine reads that layout
+    a_slots = torch.randn(r.sorted_token_ids.numel(), 512, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="needs the pre-gathered engine"):
+        w4a16_indexed(a_slots, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, 1, config=c,
+                      slot_order_routes=4)
+    for bad_a, bad_k in ((a_slots, 2), (a_slots[:-1], 1)):
+        with pytest.raises(ValueError, match="one row a routing slot"):
+            w4a16_indexed(bad_a, pw, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, bad_k, config=c,
+                          slot_order_routes=4)
 
 
 def test_four_warpgroup_gather_drops_the_k_check_only_on_whole_steps():

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..routing.layouts import IndexedRouting
 from . import numerics
 from .pdl import launch_options, pdl_enabled, release_next, wait_prior
 
@@ -83,9 +84,15 @@ def _out_rows(out: torch.Tensor | None, rows: int, cols: int, device: torch.devi
     return out
 
 
-def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None, routing: IndexedRouting | None = None) -> torch.Tensor:
     """``bf16(SiLU(gu[:, :I]) * gu[:, I:])`` in FP32. gu ``bf16 [R, 2I]`` (contiguous along the
-    columns); out optional ``bf16 [R, I]``. Returns ``bf16 [R, I]``."""
+    columns); out optional ``bf16 [R, I]``. Returns ``bf16 [R, I]``.
+
+    With `routing` (the down projection's `IndexedRouting`, its routes = gu's rows, top_k 1):
+    the rows in that routing's slot order instead, ``out[s] = SiLU * up of gu[sorted_token_ids[s]]``
+    for the route slots of live blocks (``bf16 [P, I]``, P = ``sorted_token_ids.numel()``; other
+    rows unspecified): the input of `w4a16_indexed(..., slot_order_routes=R)`, whose pre-gathered
+    engine then skips its own gather (`moe_routing.gather_indexed_rows`, one pass for both)."""
     if not isinstance(gu, torch.Tensor) or gu.dtype != torch.bfloat16 or gu.dim() != 2:
         raise TypeError(f"gu must be bf16 [R, 2I], got {getattr(gu, 'dtype', type(gu).__name__)} "
                         f"{tuple(getattr(gu, 'shape', ()))}")
@@ -95,6 +102,18 @@ def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tens
     if gu.stride(1) != 1:
         raise ValueError("gu must be contiguous along its columns")
     inter = two_i // 2
+    if routing is not None:
+        from .moe_routing import gather_indexed_rows  # noqa: PLC0415
+
+        if routing.num_routes != r:
+            raise ValueError(f"routing has {routing.num_routes} routes, gu has {r} rows (the down projection's "
+                             f"routing: one route a gate_up row)")
+        p = routing.sorted_token_ids.numel()
+        out = _out_rows(out, p, inter, gu.device, "I")
+        if r and inter:
+            gather_indexed_rows(gu, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded, 1,
+                                out, silu_mul=True)
+        return out
     out = _out_rows(out, r, inter, gu.device, "I")
     if r and inter:
         b = _block(inter)

@@ -39,6 +39,7 @@ from ..routing.layouts import (
     max_contiguous_rows,
     max_num_tokens_padded,
 )
+from . import numerics
 from .pdl import launch_options, pdl_enabled, release_next, wait_prior
 
 __all__ = ["moe_align_block_size_triton", "build_contiguous_triton", "build_masked_triton", "gather_indexed_rows"]
@@ -341,10 +342,15 @@ def build_masked_triton(
 
 @triton.jit
 def _gather_indexed_rows_kernel(a_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, K, num_routes, top_k,
-                                stride_am, stride_om, BLOCK: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr):
+                                stride_am, stride_om, BLOCK: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr,
+                                SILU_MUL: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program (p, k): rows ``p*ROWS ..`` of the slots, K columns ``k*BK ..``: out[slot] =
     a[sorted_ids[slot] // top_k] for every route slot of a live block (`BLOCK`: the routing's
-    block size, a multiple of ROWS)."""
+    block size, a multiple of ROWS). `SILU_MUL`: `a` is a gate_up output ``[R, 2K]`` (gate, then
+    up) and out[slot] = bf16(SiLU(gate) * up) of that row, in FP32 (`numerics.silu_mul`)."""
+    if PDL:  # nothing is read before the wait: the next kernel may start at once (`pdl`)
+        release_next()
+        wait_prior()
     pid = tl.program_id(0)
     slot0 = pid * ROWS
     e = tl.load(expert_ids_ptr + slot0 // BLOCK)
@@ -357,6 +363,9 @@ def _gather_indexed_rows_kernel(a_ptr, out_ptr, sorted_ids_ptr, expert_ids_ptr, 
     k = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = ok[:, None] & (k < K)[None, :]
     x = tl.load(a_ptr + src[:, None] + k[None, :], mask=mask)
+    if SILU_MUL:
+        u = tl.load(a_ptr + src[:, None] + K + k[None, :], mask=mask)
+        x = numerics.to_bf16(numerics.silu_mul(x.to(tl.float32), u.to(tl.float32)))
     tl.store(out_ptr + dst[:, None] + k[None, :], x, mask=mask)
 
 
@@ -368,7 +377,7 @@ _GATHER_WARPS = 4
 
 
 def gather_indexed_rows(a: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, ntpp: torch.Tensor,
-                        top_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                        top_k: int, out: torch.Tensor | None = None, *, silu_mul: bool = False) -> torch.Tensor:
     """The activation rows in the indexed layout's slot order: ``out[s] = a[sorted_ids[s] // top_k]``
     for every route slot ``s`` of a live block (before ``ntpp[0]``, expert id >= 0); sentinel
     slots and the other blocks' rows are left as they were (unspecified in a new buffer).
@@ -377,7 +386,11 @@ def gather_indexed_rows(a: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: t
     [P / B]``, ntpp ``int32 [1]`` (`lowbit.routing.moe_align_block_size`, block size B a multiple
     of 32); out optional ``[P, K]`` of a's dtype. Returns out. No host readback (CUDA-graph
     capturable). Why: a kernel that then reads a routing block's rows as one TMA box instead of
-    gathering them row by row (`w4a16_indexed`'s pre-gathered engine)."""
+    gathering them row by row (`w4a16_indexed`'s pre-gathered engine).
+
+    ``silu_mul=True``: `a` is a gate_up output ``bf16 [M, 2K]`` (gate columns, then up) and
+    ``out[s] = bf16(SiLU(gate) * up)`` of its row (`moe_elementwise.silu_mul` with a routing:
+    the SiLU and the down projection's gather in one pass)."""
     num_routes = a.shape[0] * top_k
     if sorted_ids.numel() % max(expert_ids.numel(), 1):
         raise ValueError(f"sorted_ids ({sorted_ids.numel()}) must be whole blocks of expert_ids ({expert_ids.numel()})")
@@ -387,15 +400,21 @@ def gather_indexed_rows(a: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: t
     if a.stride(1) != 1:
         raise ValueError("a must be contiguous along K")
     k = a.shape[1]
+    if silu_mul:
+        if a.dtype != torch.bfloat16 or k % 2:
+            raise ValueError(f"silu_mul: a must be a bf16 gate_up output [M, 2I], got {a.dtype} {tuple(a.shape)}")
+        k //= 2
     if out is None:
         out = torch.empty(sorted_ids.numel(), k, dtype=a.dtype, device=a.device)
     elif out.dtype != a.dtype or tuple(out.shape) != (sorted_ids.numel(), k) or out.stride(1) != 1:
         raise ValueError(f"out must be {a.dtype} [{sorted_ids.numel()}, {k}] contiguous along K, got {out.dtype} "
                          f"{tuple(out.shape)}")
     slots = live_block_bound(expert_ids.numel(), num_routes) * block
+    pdl = silu_mul and pdl_enabled(a.device)  # between two PDL GEMMs in `moe_experts`
     _gather_indexed_rows_kernel[(slots // _GATHER_ROWS, triton.cdiv(k, _GATHER_BK))](
         a, out, sorted_ids, expert_ids, ntpp, k, num_routes, top_k, a.stride(0), out.stride(0),
-        BLOCK=block, ROWS=_GATHER_ROWS, BK=_GATHER_BK, num_warps=_GATHER_WARPS)
+        BLOCK=block, ROWS=_GATHER_ROWS, BK=_GATHER_BK, SILU_MUL=silu_mul, PDL=pdl, num_warps=_GATHER_WARPS,
+        **launch_options(pdl))
     return out
 
 
@@ -448,11 +467,14 @@ def compile_configs():
                     {"HAS_MAP": has_map, "R_PAD": r_pad, "E_PAD": e_pad, "FILL": FILL, "PDL": True},
                     expect_ptx=("griddepcontrol.wait", "griddepcontrol.launch_dependents")))
     for block in (64, 128):
-        cfgs.append(KernelConfig(
-            f"gather_indexed_rows[BLOCK={block}]", _gather_indexed_rows_kernel,
-            {"a_ptr": "*bf16", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32",
-             "K": "i32", "num_routes": "i32", "top_k": "i32", "stride_am": "i32", "stride_om": "i32",
-             "BLOCK": "constexpr", "ROWS": "constexpr", "BK": "constexpr"},
-            {"BLOCK": block, "ROWS": _GATHER_ROWS, "BK": _GATHER_BK}, num_warps=_GATHER_WARPS,
-            unaligned=("num_routes", "top_k")))
+        for silu in (False, True):  # the SiLU form: `moe_experts`' down input (PDL, as it launches there)
+            cfgs.append(KernelConfig(
+                f"gather_indexed_rows[BLOCK={block},SILU_MUL={int(silu)}]", _gather_indexed_rows_kernel,
+                {"a_ptr": "*bf16", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+                 "ntpp_ptr": "*i32", "K": "i32", "num_routes": "i32", "top_k": "i32", "stride_am": "i32",
+                 "stride_om": "i32", "BLOCK": "constexpr", "ROWS": "constexpr", "BK": "constexpr",
+                 "SILU_MUL": "constexpr", "PDL": "constexpr"},
+                {"BLOCK": block, "ROWS": _GATHER_ROWS, "BK": _GATHER_BK, "SILU_MUL": silu, "PDL": silu},
+                num_warps=_GATHER_WARPS, unaligned=("num_routes", "top_k"),
+                expect_ptx=("griddepcontrol.wait", "griddepcontrol.launch_dependents") if silu else ()))
     return cfgs

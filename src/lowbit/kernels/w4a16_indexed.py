@@ -537,6 +537,7 @@ def w4a16_indexed(
     out: torch.Tensor | None = None,
     config: W4A16Config | None = None,
     routing_ready: bool = False,
+    slot_order_routes: int | None = None,
 ) -> torch.Tensor:
     """W4A16 MoE GEMM on the indexed (vLLM ``moe_align_block_size``) layout.
 
@@ -556,6 +557,11 @@ def w4a16_indexed(
     it before reading anything. ``routing_ready=True`` promises that the routing tensors were
     written two launches or more before this call (``moe_experts``: routing, gate_up,
     ``silu_mul``, down): the kernel then also streams its first weight steps before that wait.
+
+    ``slot_order_routes=R``: `a` is already in the routing's slot order, ``bf16 [P, K]`` with row
+    s the activations of slot s (`moe_routing.gather_indexed_rows`, or ``silu_mul(gu,
+    routing=...)``), for R routes (out ``[R, N]``; `top_k` must be 1). Only the pre-gathered
+    engine reads that layout (``config.pregather``), and it then skips its own gather.
     """
     w.check("indexed")
     if a.dtype != torch.bfloat16 or a.dim() != 2:
@@ -572,12 +578,22 @@ def w4a16_indexed(
     if expert_ids.numel() == 0 or sorted_ids.numel() % expert_ids.numel():
         raise ValueError(f"sorted_ids ({sorted_ids.numel()}) must be whole blocks of expert_ids ({expert_ids.numel()})")
     block = sorted_ids.numel() // expert_ids.numel()
-    m = a.shape[0]
-    num_routes = m * top_k
+    if slot_order_routes is not None:
+        if top_k != 1 or a.shape[0] != sorted_ids.numel() or slot_order_routes < 0:
+            raise ValueError(f"slot_order_routes: a must hold one row a routing slot ([{sorted_ids.numel()}, K]) with "
+                             f"top_k 1 and a route count >= 0; got a {tuple(a.shape)}, top_k {top_k}, "
+                             f"{slot_order_routes} routes")
+        m = num_routes = slot_order_routes
+    else:
+        m = a.shape[0]
+        num_routes = m * top_k
     if config is None:
         config = w4a16_indexed_config(num_routes, w.num_experts, w.n, w.k, block_m=block, gluon=gluon_capable(a, w))
     if config.block_m != block:
         raise ValueError(f"routing was built with block size {block}, config.block_m={config.block_m}")
+    if slot_order_routes is not None and not config.pregather:
+        raise ValueError(f"slot_order_routes: a in slot order needs the pre-gathered engine (config.pregather); "
+                         f"this config ({config.engine}, tile {config.block_n}x{config.block_m}) gathers rows itself")
     if topk_weights is not None and (topk_weights.dtype != torch.float32 or topk_weights.numel() != num_routes):
         raise TypeError(f"topk_weights must be float32 [M, top_k] = [{m}, {top_k}], got {topk_weights.dtype} {tuple(topk_weights.shape)}")
     if out is None:
@@ -590,7 +606,7 @@ def w4a16_indexed(
         raise ValueError(f"w4a16_indexed: pregather runs on the gluon_rs engine only, got engine={config.engine!r}")
     if config.engine in GLUON_ENGINES:
         _launch_gluon(a, w, sorted_ids, expert_ids, num_tokens_post_padded, top_k, topk_weights, out, config,
-                      routing_ready)
+                      routing_ready, slot_order=slot_order_routes is not None)
         return out
     if config.engine != "triton":
         raise ValueError(f"w4a16_indexed: engine must be 'triton' or one of {GLUON_ENGINES}, got {config.engine!r}")
@@ -614,7 +630,7 @@ def w4a16_indexed(
 
 
 def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, config: W4A16Config,
-                  routing_ready: bool = False) -> None:
+                  routing_ready: bool = False, slot_order: bool = False) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
     from .w4a16_sm90 import PREGATHER_TILES, w4a16_indexed_sm90_launch
@@ -638,7 +654,7 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
     pdl = (2 if routing_ready else 1) if pdl_enabled(a.device) else 0
     w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, dst, tile, regs_a,
                               warp_specialize=config.engine == "gluon_ws", split_k=split, pdl=pdl,
-                              pregather=config.pregather)
+                              pregather=config.pregather, slot_order=slot_order)
     if split > 1:
         _splitk_reduce(dst, out, sorted_ids, expert_ids, ntpp, config.block_m, _RS_REDUCE_BN)
 

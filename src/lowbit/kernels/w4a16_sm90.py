@@ -2278,7 +2278,7 @@ def _rs_maxnreg(tile, constexprs: dict, grouped: bool) -> int | None:
 
 def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, topk_weights, out, tile,
                               regs_a: bool = False, warp_specialize: bool = False, split_k: int = 1,
-                              pdl: int = 0, pregather: bool = False) -> None:
+                              pdl: int = 0, pregather: bool = False, slot_order: bool = False) -> None:
     """Launch on operands `w4a16_indexed` has validated (its docstring has the shapes; N a
     multiple of 8); tile one of `INDEXED_TILES`, whose routing block size the routing was
     built with; `regs_a`: the register-A kernel (a tile of `INDEXED_RS_TILES`), with
@@ -2289,8 +2289,12 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
     ``[split_k, M * top_k, N]`` of K shares, which the caller sums. `pdl` (`pdl`): 0 a plain launch;
     1 a PDL launch that waits first; 2 one that streams its first weight steps before its wait (the
     routing written two launches back or more). The register-A kernel takes it (2 becomes 1 on
-    the warp-specialized main loop); the N loop and the shared-memory engine launch plainly."""
+    the warp-specialized main loop); the N loop and the shared-memory engine launch plainly.
+    `slot_order` (with `pregather`): `a` is already ``[P, K]`` in slot order, with
+    ``out.shape[0]`` routes (`w4a16_indexed`'s ``slot_order_routes``)."""
     bw, br, warps, stages = tile
+    if slot_order and not pregather:
+        raise ValueError("slot_order: rows in slot order run on the pre-gathered path only (pregather)")
     if pregather and not pregather_ok(tile, w.k, warp_specialize, split_k, regs_a):
         raise ValueError(f"pregather: the register-A kernel's main loop (no warp specialization, no K shares, K past "
                          f"one step) on a tile of {PREGATHER_TILES}; got {tile}, K={w.k}")
@@ -2310,7 +2314,8 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         return
     if pregather:
         _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile,
-                            blocks, pdl)
+                            live_block_bound(expert_ids.numel(), out.shape[0]) if slot_order else blocks, pdl,
+                            slot_order)
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize, w.k) if regs_a else {}
@@ -2354,12 +2359,13 @@ def pregather_ok(tile, k: int, warp_specialize: bool = False, split_k: int = 1, 
 
 
 def _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile,
-                        blocks: int, pdl: int) -> None:
-    """`gather_indexed_rows` into a ``[P, K]`` buffer, then `_w4a16_indexed_tma_kernel` over it."""
+                        blocks: int, pdl: int, slot_order: bool = False) -> None:
+    """`gather_indexed_rows` into a ``[P, K]`` buffer (`a` itself when `slot_order`), then
+    `_w4a16_indexed_tma_kernel` over it."""
     from .moe_routing import gather_indexed_rows
 
     bw, br, warps, stages = tile
-    rows = gather_indexed_rows(a, sorted_ids, expert_ids, ntpp, top_k)
+    rows = a if slot_order else gather_indexed_rows(a, sorted_ids, expert_ids, ntpp, top_k)
     extra = _indexed_rs_constexprs(tile, False, w.k)
     x_desc = _act_desc(rows, w.k, br, 4 if extra["HALF_ACTS"] else 8)
     xh_desc = _act_desc(rows, w.k, br // 2) if extra["HALF_TAIL"] else x_desc
@@ -2371,7 +2377,7 @@ def _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_
     n_fastest = _n_fastest(br)
     _w4a16_indexed_tma_kernel[_grid(blocks, triton.cdiv(w.n, bw), n_fastest)](
         x_desc, xh_desc, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-        w.n, w.k, a.shape[0] * top_k, out.stride(0),
+        w.n, w.k, out.shape[0], out.stride(0),
         STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_FASTEST=n_fastest, num_warps=warps, **consts,
     )
 
