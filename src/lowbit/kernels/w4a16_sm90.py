@@ -2302,20 +2302,20 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         raise ValueError(f"split_k={split_k}: the register-A (not warp-specialized) kernel splits K, into "
                          f"non-empty shares of K={w.k}'s {triton.cdiv(w.k, 256)} steps; tile {tile}")
     w_desc, s_desc = _weight_descs(w, bw)
-    blocks = live_block_bound(expert_ids.numel(), a.shape[0] * top_k)  # no program for the over-allocation
+    routes = out.shape[-2]  # M * top_k (out or the K shares' workspace); with `slot_order`, a has P rows
+    blocks = live_block_bound(expert_ids.numel(), routes)  # no program for the over-allocation
     if regs_a and runs_nloop(tile, w.k):
-        n_tiles = nloop_n_tiles(br, a.shape[0] * top_k, w.num_experts, w.n, bw, num_sms(a.device))
+        n_tiles = nloop_n_tiles(br, routes, w.num_experts, w.n, bw, num_sms(a.device))
         chunks = triton.cdiv(triton.cdiv(w.n, bw), n_tiles)
         _w4a16_indexed_nloop_kernel[(blocks * chunks,)](
             a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-            w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
+            w.n, w.k, routes, top_k, a.stride(0), out.stride(0),
             BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_TILES=n_tiles, num_warps=warps,
             **_nloop_constexprs(tile))
         return
     if pregather:
         _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, tile,
-                            live_block_bound(expert_ids.numel(), out.shape[0]) if slot_order else blocks, pdl,
-                            slot_order)
+                            blocks, pdl, slot_order)
         return
     kernel = _w4a16_indexed_rs_kernel if regs_a else _w4a16_indexed_sm90_kernel
     extra = _indexed_rs_constexprs(tile, warp_specialize, w.k) if regs_a else {}
@@ -2331,7 +2331,7 @@ def w4a16_indexed_sm90_launch(a, w, sorted_ids, expert_ids, ntpp, top_k: int, to
         grid = (*grid, split_k) if len(grid) == 2 else (*grid, 1, split_k)
     kernel[grid](
         a, w_desc, s_desc, out, sorted_ids, expert_ids, ntpp, out if topk_weights is None else topk_weights,
-        w.n, w.k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(-2),
+        w.n, w.k, routes, top_k, a.stride(0), out.stride(-2),
         BR=br, STAGES=stages, MUL_WEIGHT=topk_weights is not None, N_FASTEST=n_fastest, num_warps=warps, **extra,
     )
 
