@@ -30,12 +30,19 @@ here). ``--kernel-check`` also runs the actual Triton kernels (`moe_decode`, bot
 small shape -- natively on a GPU, else under the Triton interpreter -- and reports how far they
 are from emulation (a).
 
+``--gpu-kernels`` (a CUDA GPU) runs the whole study on the GPU instead -- weights drawn there (the
+draws differ from the CPU ones), the FP64 reference and the emulations on the GPU -- and adds the
+library's layers themselves on the full shape, each batch's output measured against the same
+reference: `lowbit.moe_experts` output-centric (`moe_decode`, its sm_90 default engine) for both
+formats, and indexed (`w4a16_indexed` gate_up, `silu_mul`, down, `combine_topk`) for INT4.
+
 Metrics per batch: relative Frobenius error ``|out - ref| / |ref|``, the minimum over tokens of
 the cosine similarity ``cos(out[t], ref[t])``, and the largest absolute difference.
 
 Usage (the numbers in docs/accuracy.md)::
 
     python scripts/accuracy_output_centric.py --kernel-check --json accuracy.json
+    python scripts/accuracy_output_centric.py --gpu-kernels --json accuracy_gpu.json   # on the H200
 """
 
 from __future__ import annotations
@@ -76,31 +83,36 @@ def mxfp8_round(x: torch.Tensor) -> torch.Tensor:
     return dequantize_mxfp8(codes, scales)
 
 
-def make_expert(fmt: str, e: int, hidden: int, inter: int, seed: int):
-    """Expert `e`'s quantized weights: (exact FP64 W13, W2; the kernels' effective FP32 W13, W2).
-    Real weights ~ N(0, 1/H) resp. N(0, 1/I), drawn from a per-expert seed."""
-    g = torch.Generator().manual_seed(seed * 1000 + e)
-    r13 = torch.randn(2 * inter, hidden, generator=g) / hidden**0.5
-    r2 = torch.randn(hidden, inter, generator=g) / inter**0.5
+def make_expert(fmt: str, e: int, hidden: int, inter: int, seed: int, device: str = "cpu"):
+    """Expert `e`'s quantized weights: (exact FP64 W13, W2; the kernels' effective FP32 W13, W2;
+    the quantized W13, W2 as the packers take them: a `QuantizedTensor` (INT4) or a
+    ``(codes, scales_e8m0)`` pair (MXFP8)). Real weights ~ N(0, 1/H) resp. N(0, 1/I), drawn from a
+    per-expert seed on `device`."""
+    g = torch.Generator(device=device).manual_seed(seed * 1000 + e)
+    r13 = torch.randn(2 * inter, hidden, generator=g, device=device) / hidden**0.5
+    r2 = torch.randn(hidden, inter, generator=g, device=device) / inter**0.5
     if fmt == "int4":
         f = get_format("int4_g32")
-        d13, d2 = f.quantize(r13).dequantize(), f.quantize(r2).dequantize()
+        q13, q2 = f.quantize(r13), f.quantize(r2)
+        d13, d2 = q13.dequantize(), q2.dequantize()
         eff13, eff2 = bf16(d13), bf16(d2)  # int4_dequant.dequant_pair rounds (q - 8) * s to bf16
     else:
-        d13, d2 = mxfp8_round(r13), mxfp8_round(r2)
+        q13, q2 = quantize_mxfp8(r13), quantize_mxfp8(r2)
+        d13, d2 = dequantize_mxfp8(*q13), dequantize_mxfp8(*q2)
         eff13, eff2 = d13, d2  # E4M3 x 2^k is exact in FP32 and in BF16
-    return d13.double(), d2.double(), eff13, eff2
+    return d13.double(), d2.double(), eff13, eff2, q13, q2
 
 
-def make_batch(m: int, hidden: int, num_experts: int, top_k: int, seed: int):
+def make_batch(m: int, hidden: int, num_experts: int, top_k: int, seed: int, device: str = "cpu"):
     """BF16 hidden ~ N(0, 1) with a few outlier channels (x8), distinct top-k experts per token,
-    routing weights renormalized softmax (sum to 1), as a top-k router gives."""
+    routing weights renormalized softmax (sum to 1), as a top-k router gives (drawn on the CPU,
+    then moved to `device`)."""
     g = torch.Generator().manual_seed(seed * 7919 + m)
     x = torch.randn(m, hidden, generator=g)
     x[:, torch.randperm(hidden, generator=g)[:16]] *= 8.0
     logits = torch.randn(m, num_experts, generator=g)
     w, ids = logits.softmax(-1).topk(top_k, dim=-1)
-    return x.to(torch.bfloat16), ids, w / w.sum(-1, keepdim=True)
+    return x.to(torch.bfloat16).to(device), ids.to(device), (w / w.sum(-1, keepdim=True)).to(device)
 
 
 def run_expert(e, d13, d2, eff13, eff2, batch, acc):
@@ -142,22 +154,63 @@ def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"rel_err": rel, "min_cos": float(cos.min()), "max_abs": float((out - ref).abs().max())}
 
 
-def measure(fmt, num_experts, hidden, inter, top_k, batches, seed, log=print):
-    data = [make_batch(m, hidden, num_experts, top_k, seed) for m in batches]
-    accs = [{p: torch.zeros(m, hidden, dtype=torch.float32) for p in PATHS} for m in batches]
+#: The library's layers that ``--gpu-kernels`` measures, by weight format: (name, `moe_experts` path).
+GPU_LAYERS = {"int4": (("output_centric", "output_centric"), ("indexed", "indexed")),
+              "mxfp8": (("output_centric", "output_centric"),)}
+
+
+def pack_layer(fmt: str, q13s: list, q2s: list):
+    """The experts' quantized weights stacked and packed as the layers take them: `pack_w4a16`
+    (INT4, profile "indexed": both paths read it) or `pack_mxfp8_experts` (MXFP8) in the sm_90
+    ``mma`` engine's k256-interleaved layout on a GPU, the natural one elsewhere (the
+    interpreter's engines)."""
+    from lowbit.formats.w4a16 import pack_w4a16
+    from lowbit.kernels.moe_decode import pack_mxfp8_experts
+
+    if fmt == "int4":
+        return tuple(pack_w4a16(torch.stack([q.codes for q in qs]), torch.stack([q.scales for q in qs]))
+                     for qs in (q13s, q2s))
+    layout = "k256-interleaved" if q13s[0][0].is_cuda else "natural"
+    return tuple(pack_mxfp8_experts((torch.stack([c for c, _ in qs]), torch.stack([sc for _, sc in qs])),
+                                    layout=layout) for qs in (q13s, q2s))
+
+
+def measure(fmt, num_experts, hidden, inter, top_k, batches, seed, log=print, device="cpu", gpu_layers=False):
+    """Every path's metrics for each batch; with `gpu_layers` (on a CUDA `device`) also the
+    library's layers (`GPU_LAYERS`) on the same weights and batches, under ``row["layers"]``."""
+    data = [make_batch(m, hidden, num_experts, top_k, seed, device) for m in batches]
+    accs = [{p: torch.zeros(m, hidden, dtype=torch.float32, device=device) for p in PATHS} for m in batches]
     for a, m in zip(accs, batches):
-        a["ref"] = torch.zeros(m, hidden, dtype=torch.float64)
+        a["ref"] = torch.zeros(m, hidden, dtype=torch.float64, device=device)
+    q13s, q2s = [], []
     t0 = time.time()
     for e in range(num_experts):
-        d13, d2, eff13, eff2 = make_expert(fmt, e, hidden, inter, seed)
+        d13, d2, eff13, eff2, q13, q2 = make_expert(fmt, e, hidden, inter, seed, device)
         for batch, acc in zip(data, accs):
             run_expert(e, d13, d2, eff13, eff2, batch, acc)
+        if gpu_layers:
+            q13s.append(q13)
+            q2s.append(q2)
         log(f"  {fmt}: expert {e + 1}/{num_experts} done ({time.time() - t0:.0f} s)")
+    layers = {}
+    if gpu_layers:
+        from lowbit import moe_experts
+
+        w13, w2 = pack_layer(fmt, q13s, q2s)
+        del q13s, q2s
+        for name, path in GPU_LAYERS[fmt]:
+            layers[name] = [moe_experts(x, ids.to(torch.int32), w.float(), w13, w2, path=path).float()
+                            for x, ids, w in data]
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        log(f"  {fmt}: layers {sorted(layers)} done ({time.time() - t0:.0f} s)")
     rows = []
-    for m, acc in zip(batches, accs):
-        row = {"format": fmt, "tokens": m, "experts_hit": int(data[batches.index(m)][1].unique().numel())}
+    for i, (m, acc) in enumerate(zip(batches, accs)):
+        row = {"format": fmt, "tokens": m, "experts_hit": int(data[i][1].unique().numel()), "device": str(device)}
         for p in PATHS:
             row[p] = metrics(bf16(acc[p]), acc["ref"])  # every path ends in a bf16 output
+        if layers:
+            row["layers"] = {name: metrics(outs[i], acc["ref"]) for name, outs in layers.items()}
         rows.append(row)
     return rows
 
@@ -214,6 +267,18 @@ def fmt_table(rows) -> str:
     return "\n".join(lines)
 
 
+def fmt_layer_table(rows) -> str:
+    """The library's layers (``--gpu-kernels``) beside the emulated paths of the same draw."""
+    lines = ["| weights | tokens | experts hit | layer | rel err | min cos | max abs | (b) rel err / this | "
+             "emulated (a) rel err |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        for name, m in r.get("layers", {}).items():
+            lines.append(f"| {r['format']} | {r['tokens']} | {r['experts_hit']} | {name} | {m['rel_err']:.3e} | "
+                         f"{m['min_cos']:.7f} | {m['max_abs']:.2e} | {r['b']['rel_err'] / m['rel_err']:.1f}x | "
+                         f"{r['a']['rel_err']:.3e} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="mxfp8,int4")
@@ -224,24 +289,33 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,2,4,8,16,32")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kernel-check", action="store_true", help="also run the Triton kernels on a small shape")
+    ap.add_argument("--gpu-kernels", action="store_true",
+                    help="run the study on the GPU and measure the library's layers (moe_experts) on the full shape")
     ap.add_argument("--json", default=None, help="write all results to this file")
     args = ap.parse_args(argv)
+    if args.gpu_kernels and not torch.cuda.is_available():
+        ap.error("--gpu-kernels needs a CUDA GPU")
+    device = "cuda" if args.gpu_kernels else "cpu"
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     rows, checks = [], []
     t0 = time.time()
     for fmt in args.formats.split(","):
-        rows += measure(fmt, args.experts, args.hidden, args.inter, args.top_k, batches, args.seed, log)
+        rows += measure(fmt, args.experts, args.hidden, args.inter, args.top_k, batches, args.seed, log,
+                        device, args.gpu_kernels)
         if args.kernel_check:
             checks.append(kernel_check(fmt, args.seed, log))
     cmd = "python scripts/accuracy_output_centric.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"# {datetime.date.today()} -- {cmd} -- E={args.experts} H={args.hidden} I={args.inter} "
-          f"top_k={args.top_k} seed={args.seed}, {time.time() - t0:.0f} s on the CPU\n")
+          f"top_k={args.top_k} seed={args.seed}, {time.time() - t0:.0f} s on the {device.upper()}\n")
     for p in PATHS:
         print(f"({p}) {PATH_NAMES[p]}")
     print()
     print(fmt_table(rows))
+    if args.gpu_kernels:
+        print(f"\nThe library's layers on the same draws ({torch.cuda.get_device_name()}):\n")
+        print(fmt_layer_table(rows))
     for c in checks:
         print(f"\nkernel check {c['format']} ({c['shape']}, {c['device']}): emulation (a) rel err "
               f"{c['emulation_a']['rel_err']:.3e}; " + "; ".join(
