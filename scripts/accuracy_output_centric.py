@@ -157,6 +157,8 @@ def metrics(out: torch.Tensor, ref: torch.Tensor) -> dict:
 #: The library's layers that ``--gpu-kernels`` measures, by weight format: (name, `moe_experts` path).
 GPU_LAYERS = {"int4": (("output_centric", "output_centric"), ("indexed", "indexed")),
               "mxfp8": (("output_centric", "output_centric"),)}
+#: The emulated path whose numerics each layer has (module docstring).
+LAYER_EMULATION = {"output_centric": "a", "indexed": "c"}
 
 
 def pack_layer(fmt: str, q13s: list, q2s: list):
@@ -270,12 +272,13 @@ def fmt_table(rows) -> str:
 def fmt_layer_table(rows) -> str:
     """The library's layers (``--gpu-kernels``) beside the emulated paths of the same draw."""
     lines = ["| weights | tokens | experts hit | layer | rel err | min cos | max abs | (b) rel err / this | "
-             "emulated (a) rel err |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "its emulated path's rel err |", "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         for name, m in r.get("layers", {}).items():
+            emu = LAYER_EMULATION[name]
             lines.append(f"| {r['format']} | {r['tokens']} | {r['experts_hit']} | {name} | {m['rel_err']:.3e} | "
                          f"{m['min_cos']:.7f} | {m['max_abs']:.2e} | {r['b']['rel_err'] / m['rel_err']:.1f}x | "
-                         f"{r['a']['rel_err']:.3e} |")
+                         f"({emu}) {r[emu]['rel_err']:.3e} |")
     return "\n".join(lines)
 
 
@@ -308,7 +311,7 @@ def main(argv=None) -> int:
             checks.append(kernel_check(fmt, args.seed, log))
     cmd = "python scripts/accuracy_output_centric.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"# {datetime.date.today()} -- {cmd} -- E={args.experts} H={args.hidden} I={args.inter} "
-          f"top_k={args.top_k} seed={args.seed}, {time.time() - t0:.0f} s on the {device.upper()}\n")
+          f"top_k={args.top_k} seed={args.seed}, {time.time() - t0:.0f} s on the {'GPU' if args.gpu_kernels else 'CPU'}\n")
     for p in PATHS:
         print(f"({p}) {PATH_NAMES[p]}")
     print()
