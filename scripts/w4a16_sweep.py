@@ -45,7 +45,7 @@ def candidates():
 
 
 def _cfg(cfg_s):
-    from lowbit.kernels.w4a16_core import W4A16Config as W4A16IndexedConfig
+    from lowbit.kernels.w4a16.portable import W4A16Config as W4A16IndexedConfig
 
     bm, bn, warps, stages, swap, split = (int(x) for x in cfg_s.split(","))
     return W4A16IndexedConfig(bm, bn, warps, stages, bool(swap), split_k=split)
@@ -58,7 +58,7 @@ def child_check(cfg_s: str) -> None:
     from lowbit import reference, routing
     from lowbit.formats import get_format
     from lowbit.formats.w4a16 import pack_w4a16
-    from lowbit.kernels.w4a16_indexed import w4a16_indexed
+    from lowbit.kernels.w4a16.indexed import w4a16_indexed
     from lowbit.testing import make_generator, random_topk_ids, rel_fro_err
 
     cfg = _cfg(cfg_s)
@@ -82,7 +82,7 @@ def child_time(cfgs: list[str], cases: list[str]) -> None:
 
     from lowbit import routing
     from lowbit.formats.w4a16 import LAYOUT_K256_GROUP_NIBBLES, W4A16Weight
-    from lowbit.kernels.w4a16_indexed import w4a16_indexed
+    from lowbit.kernels.w4a16.indexed import w4a16_indexed
     from lowbit.testing import make_generator, random_topk_ids
 
     g = make_generator(1)

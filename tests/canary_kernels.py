@@ -1,7 +1,7 @@
 """Test-only kernels that prove the CPU tier tells the truth (see test_numerics_canary.py).
 
 `canary_gemm_kernel` is a small bf16 GEMM (C = A @ B, FP32 accumulation, bf16 out) in four
-variants: the correct one (low-precision steps through `lowbit.kernels.numerics`), two that
+variants: the correct one (low-precision steps through `lowbit.runtime.numerics`), two that
 use Triton's raw ops (right on a GPU, wrong under the 3.6 interpreter), and one with a real
 bug (drops the last partial K tile), which must fail on every tier.
 """
@@ -9,7 +9,7 @@ bug (drops the last partial K tile), which must fail on every tier.
 import triton
 import triton.language as tl
 
-from lowbit.kernels import numerics
+from lowbit.runtime import numerics
 
 VARIANTS = {"correct": 0, "raw_dot": 1, "raw_cast": 2, "dropped_k_tail": 3}
 

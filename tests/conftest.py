@@ -3,7 +3,7 @@
 - GPU tier (a CUDA device is visible): kernels run natively; ``@pytest.mark.gpu`` tests run.
 - CPU tier (no GPU): ``TRITON_INTERPRET=1`` is set here, before any kernel module is imported,
   so the same kernels run on the CPU through the Triton interpreter (with the numerics layer
-  in `lowbit.kernels.numerics` giving the GPU's answers); ``gpu`` tests are skipped with the
+  in `lowbit.runtime.numerics` giving the GPU's answers); ``gpu`` tests are skipped with the
   reason printed.
 - Compile tier (``@pytest.mark.compile``): compiles every production kernel configuration for
   sm_90a in a subprocess, with or without a GPU.

@@ -43,7 +43,7 @@ def _nloop_occupancy_matches_its_table(reports: list[dict]) -> None:
     thread; 228 KB of shared memory, 1 KB of it reserved a CTA)."""
     import re
 
-    from lowbit.kernels.w4a16_sm90 import NLOOP_CTAS_PER_SM
+    from lowbit.kernels.w4a16.hopper import NLOOP_CTAS_PER_SM
 
     seen = set()
     for r in reports:

@@ -17,12 +17,12 @@ import torch
 from lowbit.formats import FormatError
 from lowbit.formats.fp4 import e2m1_to_float, quantize_mxfp4, unpack_fp4
 from lowbit.formats.fp8 import e8m0_decode, e8m0_encode, quantize_fp8_blocks, quantize_fp8_groups
-from lowbit.kernels import fp4_gemm as fp4_mod
-from lowbit.kernels import fp8_gemm as fp8_mod
-from lowbit.kernels.fp4_gemm import fp4_gemm, fp4_gemm_config
-from lowbit.kernels.fp8_gemm import BlockScaledConfig, fp8_gemm, fp8_gemm_config, gluon_split_k, split_blocks
-from lowbit.kernels.fp8_gemm_sm90 import GLUON_TILES, fp8_gemm_sm90_launch, ws_group_m
-from lowbit.linear import ACT_QUANT_BACKEND, linear, weight_kind
+from lowbit.kernels.block_scaled import fp4 as fp4_mod
+from lowbit.kernels.block_scaled import fp8 as fp8_mod
+from lowbit.kernels.block_scaled.fp4 import fp4_gemm, fp4_gemm_config
+from lowbit.kernels.block_scaled.fp8 import BlockScaledConfig, fp8_gemm, fp8_gemm_config, gluon_split_k, split_blocks
+from lowbit.kernels.block_scaled.hopper_fp8 import GLUON_TILES, fp8_gemm_sm90_launch, ws_group_m
+from lowbit.layers.linear import ACT_QUANT_BACKEND, linear, weight_kind
 from lowbit.reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
 from lowbit.reference.gemm import fp4_fold_ref
 from lowbit.testing import assert_bitwise_equal, assert_close, interpreter_active, poison_
@@ -834,7 +834,7 @@ def test_fp4_gemm_mma_engine_contract(gen):
     a32, a32_s = _acts(4, 256, gen, group=32)
     b, b_s = _fp4_weight(128, 256, gen)
     assert not fp4_mod.mma_capable(a, a_s, b, b_s, 128)  # CPU tensors
-    from lowbit.kernels.fp4_decode_sm90 import decode_mma_problem
+    from lowbit.kernels.block_scaled.hopper_fp4 import decode_mma_problem
     assert "act_block_size 128" in decode_mma_problem(a32, a32_s, b, b_s, 32)
     a3, a3_s = _acts(4, 288, gen)
     b3, b3_s = _fp4_weight(128, 288, gen)

@@ -9,7 +9,7 @@ import torch
 import lowbit
 assert not any(m.startswith("lowbit.kernels.") for m in sys.modules), "import lowbit imported a kernel module"
 import lowbit.formats, lowbit.routing, lowbit.reference, lowbit.kernels, lowbit.testing
-import lowbit.kernels.moe_routing, lowbit.kernels.w4a16_indexed, lowbit.kernels.w4a16_grouped
+import lowbit.routing.kernels, lowbit.kernels.w4a16.indexed, lowbit.kernels.w4a16.grouped
 assert callable(lowbit.w4a16_indexed) and callable(lowbit.w4a16_masked) and callable(lowbit.pack_w4a16)
 assert not torch.cuda.is_initialized(), "import lowbit initialized CUDA"
 print("ok")

@@ -10,8 +10,8 @@ from lowbit import reference
 from lowbit.reference.moe import expert_weight
 from lowbit.formats import FormatError, QuantizedTensor, get_format, quantize_mxfp8
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels import moe_decode as md
-from lowbit.kernels.moe_decode import (
+from lowbit.kernels.moe_decode import op as md
+from lowbit.kernels.moe_decode.op import (
     DecodeConfig,
     Mxfp8ExpertWeight,
     moe_decode,
@@ -314,7 +314,7 @@ def test_compile_configs_cover_every_heuristic_choice():
         assert f"moe_decode_down[{fmt},{c.engine},BH={c.block_h},{tail}" in names
     assert fmts == {"int4", "mxfp8"}
     # the mma engine (sm_90): every (columns, split, stages) its heuristics pick at M = 1..64
-    from lowbit.kernels import moe_decode_sm90
+    from lowbit.kernels.moe_decode import hopper as moe_decode_sm90
 
     mma_names = {c.name for c in moe_decode_sm90.compile_configs()}
     for fmt, tag in (("int4", ""), ("mxfp8_k256", ",fp8")):
@@ -371,7 +371,7 @@ def test_mma_engine_matches_reference_with_routing_edges(fmt, h, inter, tokens, 
     depths 3 to 8; warp splits from 1 to 8 (several member passes and token blocks where the
     columns a warp are few). MXFP8 rings take twice the words: a tile over 227 KB of shared
     memory must be a clear error."""
-    from lowbit.kernels.moe_decode_sm90 import _SMEM_LIMIT, smem_bytes
+    from lowbit.kernels.moe_decode.op.hopper import _SMEM_LIMIT, smem_bytes
 
     e, m, k = 6, 5, 3
     cfg = DecodeConfig("mma", 16, 16, tokens, 4, stages, split_gate_up=split_gu, split_down=split_dn)

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from lowbit import moe_experts, reference, routing
 from lowbit.formats import get_format
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.moe_decode import pack_mxfp8_experts
+from lowbit.kernels.moe_decode.op import pack_mxfp8_experts
 from lowbit.kernels.moe_elementwise import combine_topk, silu_mul
-from lowbit.kernels.pdl import ENV as PDL_ENV
-from lowbit.kernels.pdl import launch_options, pdl_enabled
-from lowbit.moe import OUTPUT_CENTRIC_MAX_TOKENS, moe_experts_path
+from lowbit.runtime.pdl import ENV as PDL_ENV
+from lowbit.runtime.pdl import launch_options, pdl_enabled
+from lowbit.layers.moe import OUTPUT_CENTRIC_MAX_TOKENS, moe_experts_path
 from lowbit.testing import (
     POISON_BF16,
     assert_bitwise_equal,
@@ -270,8 +270,8 @@ def test_prefill_layer_down_reads_silu_rows_in_slot_order(gen):
     """Where down runs on pre-gathered rows (Kimi-like prefill: 256 tokens on 12 experts), the
     layer's SiLU writes them in slot order and down skips its gather: bit for bit the layer
     built from the public pieces with down gathering its own rows, and the reference's answer."""
-    from lowbit.kernels.w4a16_indexed import w4a16_indexed  # noqa: PLC0415
-    from lowbit.moe import indexed_configs  # noqa: PLC0415
+    from lowbit.kernels.w4a16.indexed import w4a16_indexed  # noqa: PLC0415
+    from lowbit.layers.moe import indexed_configs  # noqa: PLC0415
 
     e, h, inter, m, k = 12, 7168, 2048, 256, 8
     w13, w2, q13, q2 = _int4(e, h, inter, gen, "cuda")

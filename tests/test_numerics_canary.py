@@ -1,7 +1,7 @@
 """The CPU tier tells the truth.
 
 Triton 3.6's interpreter computes bf16 dots, bf16 casts and fp8 casts wrongly. Production
-kernels route those steps through `lowbit.kernels.numerics`; these tests show (1) the helpers
+kernels route those steps through `lowbit.runtime.numerics`; these tests show (1) the helpers
 are bit-exact against torch's casts, (2) a kernel written with them is bit-exact against the
 FP32 reference on inputs whose products and sums are exact in FP32 (so any GEMM must round to
 the very same bf16), and (3) the canaries: a kernel with a real bug fails on every tier, and

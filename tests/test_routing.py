@@ -52,7 +52,7 @@ def _same(a, b, fields):
 def test_device_builders_match_reference(case, use_map, variant, gen, device, monkeypatch):
     """Each layout's device builder against the reference; the indexed one on both its paths
     (one launch up to `SMALL_ROUTES` routes, the four-launch counting sort beyond)."""
-    from lowbit.kernels import moe_routing
+    from lowbit.routing import kernels as moe_routing
 
     t, k, e, block = case
     ids = _draw(case, gen, device, variant)
@@ -164,7 +164,7 @@ def test_gather_indexed_rows_fills_the_route_slots_only(block, gen, device):
     (as `routing.gather_rows`, the torch form, gathers); sentinel slots, remote-expert (``-1``)
     blocks and an over-allocated buffer's blocks past the device-side count keep the poison. K
     is off the kernel's 256-column tile."""
-    from lowbit.kernels.moe_routing import gather_indexed_rows
+    from lowbit.routing.kernels import gather_indexed_rows
 
     t, k, e, hdim = 37, 4, 6, 96 + 8
     ids = random_topk_ids(t, k, e, generator=gen).to(device)

@@ -19,8 +19,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lowbit.kernels import sparse_attn as sa_mod
-from lowbit.kernels.sparse_attn import (
+from lowbit.kernels.attention import sparse_attn as sa_mod
+from lowbit.kernels.attention.sparse_attn import (
     ENV_OVERRIDES,
     TILE_TABLE,
     SparseAttnConfig,
@@ -356,7 +356,7 @@ def test_gluon_engine_matches_reference(h, split, gen):
     512, every tile of its table: heads padded to 64 (16, 100) or two head tiles (128), a top-k
     that is not a multiple of the block (1000 slots), empty slots, uneven split shares, and a
     query whose slots are all empty (exact zeros)."""
-    from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
+    from lowbit.kernels.attention.hopper import GLUON_TILES
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
@@ -396,7 +396,7 @@ def test_gluon_fold_flags_rezero(gen):
     """The in-kernel fold of split shares leaves its flags at zero after every launch (so the
     next launch's wait counts from zero), over split counts and head tiles; eager calls repeat
     the right answer."""
-    import lowbit.kernels.sparse_attn_sm90 as sm90
+    import lowbit.kernels.attention.hopper as sm90
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")

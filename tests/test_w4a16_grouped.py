@@ -6,8 +6,8 @@ import torch
 from lowbit import reference, routing
 from lowbit.formats import FormatError, QuantizedTensor, get_format
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16_core import VALIDATED_TILES, avoid_miscompile, tile_config
-from lowbit.kernels.w4a16_grouped import (
+from lowbit.kernels.w4a16.portable import VALIDATED_TILES, avoid_miscompile, tile_config
+from lowbit.kernels.w4a16.grouped import (
     contiguous,
     explain_w4a16_grouped_config,
     masked,
@@ -57,7 +57,7 @@ def test_contiguous_all_rows_on_one_expert(gen, device):
 
 
 def _gluon_tiles():
-    from lowbit.kernels.w4a16_sm90 import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES
+    from lowbit.kernels.w4a16.hopper import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES
 
     return ([("gluon", t) for t in GLUON_TILES] + [("gluon_rs", t) for t in GLUON_RS_TILES]
             + [("gluon_ws", t) for t in GLUON_WS_TILES])
@@ -172,7 +172,7 @@ def test_masked_split_tiles_match_reference(tile, ws, gen):
     tile."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the split tiles are sm_90 kernels")
-    from lowbit.kernels.w4a16_sm90 import w4a16_grouped_split_launch
+    from lowbit.kernels.w4a16.hopper import w4a16_grouped_split_launch
 
     g, n, k, max_m = 5, 264, 800, 200
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
@@ -291,7 +291,7 @@ def test_masked_expected_m_far_from_counts(gen, device):
 def test_masked_row_slots():
     """The Gluon masked grid: programs an expert for the expected rows (expected_m x 1.3), at
     least one, at most one a row block of max_m; 0 asks for every block; out of range raises."""
-    from lowbit.kernels.w4a16_sm90 import _slots, masked_row_slots
+    from lowbit.kernels.w4a16.hopper import _slots, masked_row_slots
 
     assert masked_row_slots(1.3 * 8, 256, 16) == 1  # Kimi masked 8 tok/expert: 16 blocks -> 1 program
     assert masked_row_slots(1.3 * 32, 256, 16) == 3
@@ -300,7 +300,7 @@ def test_masked_row_slots():
     assert _slots(256, 16, 0) == 16 and _slots(256, 16, 3) == 3 and _slots(0, 16, 0) == 1
     with pytest.raises(ValueError, match="row_slots"):
         _slots(256, 16, 17)
-    from lowbit.kernels.w4a16_sm90 import w4a16_grouped_sm90_launch
+    from lowbit.kernels.w4a16.hopper import w4a16_grouped_sm90_launch
 
     with pytest.raises(ValueError, match="warp-specialized"):  # refused before anything is built
         w4a16_grouped_sm90_launch(None, None, None, None, (128, 64, 8, 3), 256, True, warp_specialize=True, row_slots=2)
@@ -428,7 +428,7 @@ def test_masked_decode_group_loop_tiles(monkeypatch):
     are the step loop (4 stages, two accumulators) at gate_up's long K and the group loop at
     down's K of 8 steps (`SHORT_K_TILES`); 32 tok/expert the one-warpgroup 128x64. Every tile
     picked is one the kernel is built for."""
-    from lowbit.kernels import w4a16_sm90 as sm90
+    from lowbit.kernels.w4a16 import hopper as sm90
 
     # (the pre-gathered indexed kernel's own tile included: `PREGATHER_BLOCK_TILES`)
     assert set(sm90.GROUP_LOOP_MAXNREG) <= (set(sm90.GLUON_RS_TILES) | set(sm90.INDEXED_RS_TILES)
@@ -466,7 +466,7 @@ def test_tail_tiles_are_offered_and_reported():
     """The tail tables name tiles their kernels are built for (the warp-specialized ones: only its
     four-warpgroup tiles), contiguous segments have none, and the heuristics' reason says when
     a tail runs (masked 16 / 32 / 64 tok/expert on Kimi EP8, the split tile at 64)."""
-    from lowbit.kernels import w4a16_sm90 as sm90
+    from lowbit.kernels.w4a16 import hopper as sm90
 
     assert set(sm90.HALF_TAIL_TILES["masked"]) <= set(sm90.GLUON_RS_TILES)
     assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES) | set(sm90.PREGATHER_TILES)
@@ -498,7 +498,7 @@ def test_tail_tiles_are_offered_and_reported():
 
 def test_gluon_capable_needs_hopper():
     """Off an sm_90 GPU (the CPU tier, the interpreter) the Gluon engines are never chosen."""
-    from lowbit.kernels import w4a16_grouped, w4a16_indexed
+    from lowbit.kernels.w4a16 import grouped as w4a16_grouped, indexed as w4a16_indexed
 
     pw = pack_w4a16_grouped(INT4.quantize(torch.randn(2, 64, 256) * 0.05), mode="contiguous")
     a = torch.zeros(128, 256, dtype=torch.bfloat16)

@@ -8,10 +8,10 @@ import torch
 from lowbit import reference, routing
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
-from lowbit.kernels.moe_routing import gather_indexed_rows
-from lowbit.kernels.w4a16_core import VALIDATED_TILES
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.kernels.w4a16_sm90 import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES, PREGATHER_TILES
+from lowbit.routing.kernels import gather_indexed_rows
+from lowbit.kernels.w4a16.portable import VALIDATED_TILES
+from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16.hopper import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES, PREGATHER_TILES
 from lowbit.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -125,7 +125,7 @@ def test_reference_refuses_a_block_with_no_route(gen):
 def test_nloop_tiles_a_program_follow_the_grid():
     """The N-loop kernel's tiles a program (`nloop_n_tiles`): the measured best at Kimi TP8 down's
     bench sizes, the fewest (8) on a decode grid, never more than the row-tile cap."""
-    from lowbit.kernels.w4a16_sm90 import NLOOP_MAX_ROW_TILES, NLOOP_N_TILES, nloop_n_tiles
+    from lowbit.kernels.w4a16.hopper import NLOOP_MAX_ROW_TILES, NLOOP_N_TILES, nloop_n_tiles
 
     for tokens, block, best in ((8192, 128, 28), (4096, 64, 56), (2048, 64, 56), (1024, 32, 28), (32, 16, 14),
                                 (20, 16, 8)):
@@ -145,7 +145,7 @@ def test_nloop_long_programs_match_reference(tile, gen, monkeypatch):
     ~150 rows (full blocks and half tails) and a hot expert with routing weights."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the N loop is the sm_90 kernel")
-    from lowbit.kernels import w4a16_sm90
+    from lowbit.kernels.w4a16 import hopper as w4a16_sm90
 
     monkeypatch.setattr(w4a16_sm90, "NLOOP_MIN_WAVES", 0)
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")
@@ -175,7 +175,7 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
     routes, and activations whose rows are not 16-byte aligned (refused, not misread)."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the gluon engine is the sm_90 kernel")
-    from lowbit.kernels.w4a16_sm90 import INDEXED_TILES
+    from lowbit.kernels.w4a16.hopper import INDEXED_TILES
 
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", engine)
     tiles = {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
@@ -328,7 +328,7 @@ def test_pregather_heuristic_override_and_contract(gen, monkeypatch):
 def test_four_warpgroup_gather_drops_the_k_check_only_on_whole_steps():
     """The register-A indexed kernel's gather masks K per copy unless the tile is a four-warpgroup
     one of `EVEN_K_GATHER_TILES` (not warp-specialized) and K a multiple of 256 (K_TAIL)."""
-    from lowbit.kernels.w4a16_sm90 import EVEN_K_GATHER_TILES, _indexed_rs_constexprs
+    from lowbit.kernels.w4a16.hopper import EVEN_K_GATHER_TILES, _indexed_rs_constexprs
 
     for tile in EVEN_K_GATHER_TILES:
         assert not _indexed_rs_constexprs(tile, False, 7168)["K_TAIL"]
@@ -559,13 +559,13 @@ def test_gluon_split_k_contract(gen, monkeypatch):
 
 
 def test_split_k_is_indexed_only(gen, device):
-    from lowbit.kernels.w4a16_grouped import contiguous
+    from lowbit.kernels.w4a16.grouped import contiguous
 
     wq = INT4.quantize(torch.randn(2, 32, 256, generator=gen) * 0.05)
     pc = pack_w4a16(wq, profile="contiguous").to(device)
     a2 = torch.randn(128, 256, generator=gen).to(torch.bfloat16).to(device)
     m_idx = torch.zeros(128, dtype=torch.int32, device=device)
-    from lowbit.kernels.w4a16_core import tile_config
+    from lowbit.kernels.w4a16.portable import tile_config
 
     with pytest.raises(ValueError, match="split-K"):
         contiguous(a2, pc, m_idx, config=replace(tile_config(64, "t"), split_k=2))
@@ -576,7 +576,7 @@ def test_tiles_with_n_off_16(block, gen, device):
     """Every validated tile at every pipeline depth it can be given, N off 16 (37, 200): Triton
     3.6 miscompiles the 64x64 tile at 2-3 stages there (relative error ~1 on the H200), and
     `avoid_miscompile` must route around it (on the GPU; the interpreter has no stages)."""
-    from lowbit.kernels.w4a16_core import tile_config
+    from lowbit.kernels.w4a16.portable import tile_config
 
     stages = (1, 2, 3, 4) if device == "cuda" else (tile_config(block, "").num_stages,)
     for n in (37, 200):
@@ -605,7 +605,7 @@ def test_gluon_default_for_decode(monkeypatch):
     blocks exist only on the Gluon kernel; an engine override wins. These are the in-kernel
     gather's choices (``LOWBIT_W4A16_PREGATHER=0``); the pre-gathered prefill defaults:
     `test_pregather_heuristic_override_and_contract`."""
-    from lowbit.kernels.w4a16_sm90 import GROUP_LOOP_MAXNREG
+    from lowbit.kernels.w4a16.hopper import GROUP_LOOP_MAXNREG
 
     monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "0")
 

@@ -1,4 +1,4 @@
-"""Time two versions of `lowbit.kernels.w4a16_sm90` side by side (a probe, not a benchmark).
+"""Time two versions of `lowbit.kernels.w4a16.hopper` side by side (a probe, not a benchmark).
 
     python scripts/probes/ab.py OLD_FILE [decode] [prefill] [grouped] [blocks]
 

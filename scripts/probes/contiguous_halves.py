@@ -20,7 +20,7 @@ import variants as v
 from lowbit.bench.cases import build_problem, select_cases
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16_grouped
-from lowbit.kernels.w4a16_grouped import contiguous, w4a16_grouped_config
+from lowbit.kernels.w4a16.grouped import contiguous, w4a16_grouped_config
 
 _TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
 HALVES = v.variant("halves", [(_TABLE, 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), '

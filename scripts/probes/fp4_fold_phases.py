@@ -10,9 +10,9 @@ Gluon GEMM with 128x128 block scales on the same shape. CUDA graph, L2 flushed b
 import torch
 
 from lowbit.bench.timing import measure
-from lowbit.kernels import fp4_gemm as f4
-from lowbit.kernels.fp8_gemm import fp8_gemm, fp8_gemm_config
-from lowbit.kernels.fp8_gemm_sm90 import fp8_gemm_sm90_launch
+from lowbit.kernels.block_scaled import fp4 as f4
+from lowbit.kernels.block_scaled.fp8 import fp8_gemm, fp8_gemm_config
+from lowbit.kernels.block_scaled.hopper_fp8 import fp8_gemm_sm90_launch
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from lowbit.kernels.fp8_gemm import fp8_gemm
+from lowbit.kernels.block_scaled.fp8 import fp8_gemm
 
 m, n, k = (int(x) for x in sys.argv[1:4])
 g = torch.Generator(device="cuda").manual_seed(0)

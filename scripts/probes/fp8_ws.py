@@ -6,7 +6,7 @@ per-tensor FP8 GEMM. Outputs compared with the 64x128 kernel's (same promotion o
 Usage: python scripts/probes/fp8_ws.py"""
 import torch
 
-from lowbit.kernels.fp8_gemm_sm90 import fp8_gemm_sm90_launch
+from lowbit.kernels.block_scaled.hopper_fp8 import fp8_gemm_sm90_launch
 
 
 def bench(fn, reps=50):

@@ -20,8 +20,8 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels import w4a16_sm90 as sm90
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16 import hopper as sm90
+from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
 AS_BUILT = sm90._gather_layout
 

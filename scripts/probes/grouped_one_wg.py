@@ -25,8 +25,8 @@ import torch
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16_grouped
-from lowbit.kernels import w4a16_sm90 as m
-from lowbit.kernels.w4a16_grouped import w4a16_grouped_config
+from lowbit.kernels.w4a16 import hopper as m
+from lowbit.kernels.w4a16.grouped import w4a16_grouped_config
 
 ONE_WG = (128, 128, 4, 2)
 m.GLUON_RS_TILES = m.GLUON_RS_TILES + (ONE_WG,)

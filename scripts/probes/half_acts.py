@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
 from lowbit.bench.cases import build_problem, select_cases
-from lowbit.kernels import w4a16_sm90 as base
+from lowbit.kernels.w4a16 import hopper as base
 
 _TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
 RING = [(_TABLE, 'HALF_ACT_TILES = {"indexed": (), "masked": (), "contiguous": ()}')]
@@ -46,7 +46,7 @@ def gemm() -> None:
 def _masked_draws(names):
     """(label, a, w, masked_m, expected_m, heuristics' config) of each bench case's projections."""
     from lowbit.formats.w4a16 import pack_w4a16_grouped
-    from lowbit.kernels.w4a16_grouped import w4a16_grouped_config
+    from lowbit.kernels.w4a16.grouped import w4a16_grouped_config
     for name in names:
         case = select_cases([name])[0]
         for proj in ("gate_up", "down"):
@@ -57,7 +57,7 @@ def _masked_draws(names):
 
 
 def masked() -> None:
-    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked
+    from lowbit.kernels.w4a16.grouped import masked as w4a16_masked
     for label, a, w, mm, em, cfg in _masked_draws(("ep8_masked_16", "ep8_masked_32", "ep16_masked_32",
                                                    "ep32_masked_32")):
         out = torch.full((a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -72,7 +72,7 @@ def masked64() -> None:
     from dataclasses import replace
 
     from lowbit.bench.timing import measure_interleaved
-    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked
+    from lowbit.kernels.w4a16.grouped import masked as w4a16_masked
     for label, a, w, mm, em, cfg in _masked_draws(("ep8_masked_64",)):
         cfgs = {f"{cfg.block_n}x{cfg.block_m}": cfg,
                 "128x64h": replace(cfg, engine="gluon_rs", block_n=128, block_m=64, num_warps=4, num_stages=2)}

@@ -26,7 +26,7 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels import w4a16_sm90 as new
+from lowbit.kernels.w4a16 import hopper as new
 
 old = variant("old", [], base=open(sys.argv[1]).read())
 mods = {"old": old, "new": new}

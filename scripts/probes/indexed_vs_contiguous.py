@@ -25,8 +25,8 @@ import torch
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16_grouped import contiguous, w4a16_grouped_config
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16.grouped import contiguous, w4a16_grouped_config
+from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 from lowbit.routing import moe_align_block_size
 
 ROWS = 6144

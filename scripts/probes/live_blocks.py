@@ -19,8 +19,8 @@ from lowbit import routing
 from lowbit.bench.cases import build_problem, make_weight, select_cases
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels import w4a16_sm90
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16 import hopper as w4a16_sm90
+from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
 E, H, I = 48, 7168, 2048
 

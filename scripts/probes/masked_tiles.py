@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from half_acts import _masked_draws
 
 from lowbit.bench.timing import measure_interleaved
-from lowbit.kernels.w4a16_grouped import masked
+from lowbit.kernels.w4a16.grouped import masked
 
 TILES = {"128x64": (128, 64, 4, 2), "128x32": (128, 32, 4, 2), "256x48": (256, 48, 16, 3), "256x64": (256, 64, 16, 3)}
 

@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
-from lowbit.kernels import w4a16_sm90 as base
+from lowbit.kernels.w4a16 import hopper as base
 
 _TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)"
 _CHUNK = "NLOOP_N_TILES = (56, 28, 14, 8)\n"

@@ -7,7 +7,7 @@ benchmark.
 
 `lowbit.moe_experts(path="indexed")` (routing, gate_up, silu_mul, down, combine) on Kimi K2.x
 EP8 shapes (48 experts, H 7168, I 2048, top-8), captured with ``LOWBIT_PDL=0`` (plain
-launches) and with PDL (`lowbit.kernels.pdl`: down streams its first weight steps before its
+launches) and with PDL (`lowbit.runtime.pdl`: down streams its first weight steps before its
 wait), and "prerouted": the PDL chain without its routing (built outside the graph), beside Humming's indexed GEMMs in the same composition (the bench's
 ``humming-indexed`` provider), interleaved CUDA-graph replays behind an L2 flush
 (`measure_interleaved`); the lowbit outputs compared bit for bit ("!" marks a difference).
@@ -32,9 +32,9 @@ from lowbit.bench.timing import measure_interleaved
 from lowbit.bench.cases import make_weight
 from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels.moe_elementwise import combine_topk, silu_mul
-from lowbit.kernels.pdl import ENV
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.moe import indexed_configs
+from lowbit.runtime.pdl import ENV
+from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.layers.moe import indexed_configs
 from lowbit.routing import moe_align_block_size
 
 tokens = [int(t) for t in sys.argv[1:]] or [1, 2, 4, 8, 16, 32, 128, 256]

@@ -19,7 +19,7 @@ import variants as v
 
 from lowbit import routing
 from lowbit.bench.timing import measure_interleaved
-from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
 BLOCKS = tuple(int(b) for b in os.environ.get("PREFILL_BLOCKS", "128,64").split(","))  # the first: the reference
 

@@ -26,9 +26,9 @@ import variants as v
 
 from lowbit import routing
 from lowbit.bench.timing import measure_interleaved
-from lowbit.kernels import w4a16_sm90 as m
-from lowbit.kernels.moe_routing import gather_indexed_rows
-from lowbit.kernels.w4a16_indexed import w4a16_indexed_config
+from lowbit.kernels.w4a16 import hopper as m
+from lowbit.routing.kernels import gather_indexed_rows
+from lowbit.kernels.w4a16.indexed import w4a16_indexed_config
 
 
 def report(head: str, fns: dict, outs: dict) -> None:
@@ -92,7 +92,7 @@ def tiles() -> None:
 
 def gathersweep() -> None:
     """`gather_indexed_rows`' program shape (rows, columns, warps) on the bench's EP8 1024-token draws."""
-    from lowbit.kernels import moe_routing as mr
+    from lowbit.routing import kernels as mr
 
     for label, a, w, ids in v.indexed_draws("ep8_indexed_t1024", (), 48, {"gate_up": (4096, 7168),
                                                                           "down": (7168, 2048)}, seed=13):

@@ -21,8 +21,8 @@ from lowbit.bench.timing import measure_interleaved
 from lowbit.formats import get_format
 from lowbit.formats.w4a16 import pack_w4a16
 from lowbit.kernels.moe_elementwise import combine_topk, silu_mul
-from lowbit.kernels.w4a16_indexed import w4a16_indexed
-from lowbit.moe import indexed_configs
+from lowbit.kernels.w4a16.indexed import w4a16_indexed
+from lowbit.layers.moe import indexed_configs
 from lowbit.testing import random_topk_ids, random_topk_weights
 
 E, H, I, K = 48, 7168, 2048, 8

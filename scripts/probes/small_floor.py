@@ -10,9 +10,9 @@ import triton
 import triton.language as tl
 
 from lowbit.bench.timing import measure
-from lowbit.kernels import fp4_gemm as f4
-from lowbit.kernels.fp4_decode_sm90 import decode_mma_launch
-from lowbit.kernels.fp8_gemm import splitk_reduce
+from lowbit.kernels.block_scaled import fp4 as f4
+from lowbit.kernels.block_scaled.hopper_fp4 import decode_mma_launch
+from lowbit.kernels.block_scaled.fp8 import splitk_reduce
 from lowbit.kernels.quant import act_quant, fp4_quant
 
 

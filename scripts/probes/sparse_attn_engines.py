@@ -19,8 +19,8 @@ from dataclasses import replace
 import torch
 
 from lowbit.bench.timing import measure
-from lowbit.kernels.sparse_attn import SparseAttnConfig, sparse_attn, sparse_attn_config
-from lowbit.kernels.sparse_attn_sm90 import GLUON_TILES
+from lowbit.kernels.attention.sparse_attn import SparseAttnConfig, sparse_attn, sparse_attn_config
+from lowbit.kernels.attention.hopper import GLUON_TILES
 
 POINTS = {"decode": (64, 1, 64, 2048, 65536), "prefill": (1, 1024, 64, 2048, 65536)}
 
@@ -50,7 +50,7 @@ def _gather_only(src: str) -> list[tuple[str, str]]:
 
 
 def bounds():
-    import lowbit.kernels.sparse_attn_sm90 as sm90
+    import lowbit.kernels.attention.hopper as sm90
     from variants import variant
 
     base = open(sm90.__file__).read()
@@ -115,7 +115,7 @@ def _with_combine(launch):
 
     import triton
 
-    from lowbit.kernels import sparse_attn as sa
+    from lowbit.kernels.attention import sparse_attn as sa
 
     if "dst" not in inspect.signature(launch).parameters:
         return launch
@@ -134,8 +134,8 @@ def _with_combine(launch):
 def ab(old_file):
     import importlib.util
 
-    import lowbit.kernels.sparse_attn as sa
-    import lowbit.kernels.sparse_attn_sm90 as sm90
+    import lowbit.kernels.attention.sparse_attn as sa
+    import lowbit.kernels.attention.hopper as sm90
 
     spec = importlib.util.spec_from_file_location("lowbit.kernels.sparse_attn_sm90_old", old_file)  # relative imports resolve
     old = importlib.util.module_from_spec(spec)

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from lowbit.kernels.sparse_attn import sparse_attn
+from lowbit.kernels.attention.sparse_attn import sparse_attn
 
 b, h, topk, n = (int(x) for x in sys.argv[1:5]) if len(sys.argv) > 4 else (64, 64, 2048, 65536)
 d = 512

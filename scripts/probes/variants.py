@@ -1,4 +1,4 @@
-"""Build a variant of `lowbit.kernels.w4a16_sm90` by exact text edits, as its own module in a
+"""Build a variant of `lowbit.kernels.w4a16.hopper` by exact text edits, as its own module in a
 temporary folder: the probes' way to ask "how fast would this kernel be without X" without
 adding switches to the library. Each edit must match once, so a probe fails loudly when the
 kernel source moves on."""
@@ -9,7 +9,7 @@ import re
 import sys
 import tempfile
 
-import lowbit.kernels.w4a16_sm90 as _orig
+import lowbit.kernels.w4a16.hopper as _orig
 
 _DIR = tempfile.mkdtemp(prefix="lowbit_probe_")
 with open(_orig.__file__) as _f:
@@ -124,7 +124,7 @@ def compare_indexed(mods: dict, draws, rounds: int = 60) -> None:
     import torch
 
     from lowbit import routing
-    from lowbit.kernels.w4a16_indexed import w4a16_indexed, w4a16_indexed_config
+    from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
     for label, a, w, ids in draws:
         top_k = ids.shape[1] if a.shape[0] == ids.shape[0] else 1

@@ -25,7 +25,7 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels import w4a16_sm90 as orig
+from lowbit.kernels.w4a16 import hopper as orig
 
 E, H, I = 48, 7168, 2048  # Kimi K2.x EP8: 48 local experts
 DECODE_TILE = (64, 16, 4, 3)

@@ -51,7 +51,7 @@ def _hook(backend, stages, options, language, capability):
 def install() -> dict:
     from triton import knobs
 
-    from lowbit.kernels import w4a16_sm90 as base
+    from lowbit.kernels.w4a16 import hopper as base
     knobs.runtime.add_stages_inspection_hook = _hook
     # the docstring edit gives each variant its own Triton cache key
     return {"kernel": base, **{f"n{n}": v.variant(f"n{n}", [(_DOC, _DOC.replace("ONE step", f"ONE step (n{n})"))])
@@ -67,7 +67,7 @@ def masked(mods) -> None:
     import torch
 
     from half_acts import _masked_draws
-    from lowbit.kernels.w4a16_grouped import masked as w4a16_masked
+    from lowbit.kernels.w4a16.grouped import masked as w4a16_masked
     for label, a, w, mm, em, cfg in _masked_draws(("ep8_masked_32", "ep16_masked_32")):
         out = torch.full((a.shape[0], w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
         v.compare(mods, f"{label} {cfg.block_n}x{cfg.block_m}s{cfg.num_stages}",

@@ -4,9 +4,10 @@ Importing lowbit never initializes CUDA and never imports a kernel module: the k
 points below are resolved on first attribute access, so ``TRITON_INTERPRET=1`` can still be
 set after ``import lowbit`` (it must be set before the first kernel is touched).
 
-Sub-packages: `formats` (number formats), `routing` (MoE routing layouts), `reference`
-(pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`; modules `moe`
-(`moe_experts`: the expert part of a MoE block) and `linear`.
+Sub-packages, in import order (each imports only those before it): `runtime` (shared GPU
+helpers), `formats` (number formats and prepared weight layouts), `routing` (MoE routing layouts
+and their kernels), `reference` (pure-PyTorch FP32 ground truth), `kernels` (a package per
+family), `layers` (`moe_experts`, `linear`), `models`, `testing`, `bench` and the CLI.
 """
 
 from importlib import import_module
@@ -24,11 +25,12 @@ _LAZY = {
     "moe_align_block_size": ("lowbit.routing", "moe_align_block_size"),
     "build_contiguous": ("lowbit.routing", "build_contiguous"),
     "build_masked": ("lowbit.routing", "build_masked"),
-    "w4a16_indexed": ("lowbit.kernels.w4a16_indexed", "w4a16_indexed"),
-    "w4a16_indexed_config": ("lowbit.kernels.w4a16_indexed", "w4a16_indexed_config"),
-    "w4a16_contiguous": ("lowbit.kernels.w4a16_grouped", "contiguous"),
-    "w4a16_masked": ("lowbit.kernels.w4a16_grouped", "masked"),
-    "moe_experts": ("lowbit.moe", "moe_experts"),
+    "w4a16_indexed": ("lowbit.kernels.w4a16.indexed", "w4a16_indexed"),
+    "w4a16_indexed_config": ("lowbit.kernels.w4a16.indexed", "w4a16_indexed_config"),
+    "w4a16_contiguous": ("lowbit.kernels.w4a16.grouped", "contiguous"),
+    "w4a16_masked": ("lowbit.kernels.w4a16.grouped", "masked"),
+    "moe_experts": ("lowbit.layers.moe", "moe_experts"),
+    "linear": ("lowbit.layers.linear", "linear"),
 }
 
 __all__ = ["__version__", "formats", "FormatError", *_LAZY]

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Sequence
 
-from ._env import interpreter_active
+from .runtime.env import interpreter_active
 
 __all__ = ["main", "build_parser"]
 
@@ -200,8 +200,11 @@ _SHOW_CONFIG_SHAPES = [
 def _show_config_sections():
     """(family, its override variables, [(label, explanation)]) for every kernel family, at the
     shapes the SPEC and the issues name (Kimi K2.x MoE, DeepSeek V4-Flash linears/attention)."""
-    from lowbit.kernels import (fp4_gemm, fp8_gemm, moe_decode, quant, sinkhorn, sparse_attn,
-                                w4a16_grouped, w4a16_indexed)
+    from lowbit.kernels import quant, sinkhorn
+    from lowbit.kernels.attention import sparse_attn
+    from lowbit.kernels.block_scaled import fp4 as fp4_gemm, fp8 as fp8_gemm
+    from lowbit.kernels.moe_decode import op as moe_decode
+    from lowbit.kernels.w4a16 import grouped as w4a16_grouped, indexed as w4a16_indexed
 
     yield "w4a16_indexed", w4a16_indexed.ENV_OVERRIDES, [
         (f"{label} on sm_90", w4a16_indexed.explain_w4a16_indexed_config(routes, e, n, k, gluon=True))
@@ -236,7 +239,7 @@ def _show_config_sections():
 def _cmd_show_config(args: argparse.Namespace) -> int:
     """Print the configuration each kernel family's heuristics pick per shape, with the reason
     (memoized heuristics, ``LOWBIT_*`` overrides applied). Compiles nothing."""
-    from lowbit.kernels.w4a16_indexed import explain_w4a16_indexed_config
+    from lowbit.kernels.w4a16.indexed import explain_w4a16_indexed_config
 
     one = [args.routes, args.experts, args.n, args.k]
     if any(v is not None for v in one):

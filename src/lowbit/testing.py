@@ -17,7 +17,7 @@ import random
 
 import torch
 
-from ._env import interpreter_active
+from .runtime.env import interpreter_active
 
 __all__ = [
     "TOLERANCES",

@@ -186,7 +186,7 @@ def _mxfp8_weight(e: int, n: int, k: int, device: torch.device):
         codes[i] = (torch.randn(n, k, generator=gen, device=device) * 2).to(torch.float8_e4m3fn)
     base = 127 + round(math.log2(1.0 / (2.0 * 2.0 * math.sqrt(k))))
     scales = (base + torch.randint(-1, 1, (e, n, k // MX_GROUP), generator=gen, device=device)).to(torch.uint8)
-    from ..kernels.moe_decode import Mxfp8ExpertWeight  # noqa: PLC0415
+    from ..kernels.moe_decode.op import Mxfp8ExpertWeight  # noqa: PLC0415
 
     w = Mxfp8ExpertWeight(codes, scales)
     _MX_CACHE[key] = w
@@ -447,7 +447,7 @@ class _DecodeBase(OpProvider):
         return self._cached_pack(problem, "indexed", lambda w: pack_w4a16(w, profile="indexed"))
 
     def _mxfp8_interleaved(self, problem: OpProblem) -> tuple[Any, Any]:
-        from ..kernels.moe_decode import pack_mxfp8_experts  # noqa: PLC0415
+        from ..kernels.moe_decode.op import pack_mxfp8_experts  # noqa: PLC0415
 
         return self._cached_pack(problem, "k256", lambda w: pack_mxfp8_experts((w.codes, w.scales_e8m0),
                                                                                 layout="k256-interleaved"))
@@ -467,8 +467,8 @@ class DecodeLowbit(_DecodeBase):
         self._packed = {}
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.moe_decode import moe_decode, moe_decode_config  # noqa: PLC0415
-        from ..kernels.sm90 import is_sm90_native  # noqa: PLC0415
+        from ..kernels.moe_decode.op import moe_decode, moe_decode_config  # noqa: PLC0415
+        from ..runtime.device import is_sm90_native  # noqa: PLC0415
 
         i = problem.inputs
         native = is_sm90_native(i["hidden"].device)
@@ -504,7 +504,7 @@ class DecodeLowbitIndexed(_DecodeBase):
         return None if problem.inputs["fmt"] == "int4" else "the indexed W4A16 GEMM takes INT4 weights only"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..moe import indexed_configs, moe_experts, moe_experts_path  # noqa: PLC0415
+        from ..layers.moe import indexed_configs, moe_experts, moe_experts_path  # noqa: PLC0415
 
         i = problem.inputs
         w13, w2 = self._int4_packed(problem)
@@ -610,7 +610,7 @@ class Fp8GemmLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.fp8_gemm import fp8_gemm, fp8_gemm_config, gluon_capable, num_sms  # noqa: PLC0415
+        from ..kernels.block_scaled.fp8 import fp8_gemm, fp8_gemm_config, gluon_capable, num_sms  # noqa: PLC0415
 
         i = problem.inputs
         cfg = (fp8_gemm_config(i["m"], i["n"], i["k"], num_sms(i["a"].device), gluon_capable(i["a"], i["b"]))
@@ -646,8 +646,8 @@ class Fp4GemmLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.fp4_gemm import fold_capable, fp4_gemm, fp4_gemm_config, mma_capable  # noqa: PLC0415
-        from ..kernels.fp8_gemm import num_sms  # noqa: PLC0415
+        from ..kernels.block_scaled.fp4 import fold_capable, fp4_gemm, fp4_gemm_config, mma_capable  # noqa: PLC0415
+        from ..kernels.block_scaled.fp8 import num_sms  # noqa: PLC0415
 
         i = problem.inputs
         cfg = (fp4_gemm_config(i["m"], i["n"], i["k"], 128, num_sms(i["a"].device), fold_capable(i["a"]),
@@ -668,7 +668,7 @@ class Fp4GemmLowbitFolded(OpProvider):
     name = "lowbit-folded"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.fp4_gemm import fold_fp4_weight, fp4_gemm  # noqa: PLC0415
+        from ..kernels.block_scaled.fp4 import fold_fp4_weight, fp4_gemm  # noqa: PLC0415
 
         i = problem.inputs
         w = fold_fp4_weight(i["b"], i["b_s"])
@@ -771,7 +771,7 @@ class AttnLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.sparse_attn import gluon_capable, sparse_attn, sparse_attn_config  # noqa: PLC0415
+        from ..kernels.attention.sparse_attn import gluon_capable, sparse_attn, sparse_attn_config  # noqa: PLC0415
 
         i = problem.inputs
         b, s, h, _ = i["q"].shape

@@ -351,9 +351,9 @@ class LowbitProvider(Provider):
     description = "lowbit Triton W4A16 MoE kernels"
 
     ENTRY_POINTS: ClassVar[dict[str, tuple[str, str]]] = {
-        "indexed": ("lowbit.kernels.w4a16_indexed", "w4a16_indexed"),
-        "contiguous": ("lowbit.kernels.w4a16_grouped", "contiguous"),
-        "masked": ("lowbit.kernels.w4a16_grouped", "masked"),
+        "indexed": ("lowbit.kernels.w4a16.indexed", "w4a16_indexed"),
+        "contiguous": ("lowbit.kernels.w4a16.grouped", "contiguous"),
+        "masked": ("lowbit.kernels.w4a16.grouped", "masked"),
     }
 
     def __init__(self) -> None:

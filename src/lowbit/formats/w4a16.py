@@ -32,7 +32,7 @@ LAYOUT_K256_GROUP_NIBBLES = "k256-group-nibbles"
 #: kernel families a prepared weight can be packed for
 PROFILES = ("indexed", "contiguous", "masked")
 #: Nonzero scale magnitudes a prepared weight may hold: [2^-62, 2^58). The Hopper register-A
-#: kernels dequantize to ``(q - 8) * s * 2^-64`` (`lowbit.kernels.int4_dequant`, subnormal form),
+#: kernels dequantize to ``(q - 8) * s * 2^-64`` (`lowbit.kernels.w4a16.int4`, subnormal form),
 #: bit for bit the true weight scaled, only while that stays a normal bf16 (|s| >= 2^-62) and
 #: ``s * 2^69`` stays finite (|s| < 2^58). Real checkpoints' group scales are ~1e-4 .. 1.
 SCALE_RANGE = (2.0 ** -62, 2.0 ** 58)

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from .._env import interpreter_active
+from ..runtime.env import interpreter_active
 from typing import Any
 
 __all__ = ["KernelConfig", "CompileReport", "KERNEL_MODULES", "SMEM_LIMIT_SM90", "compile_sm90", "run_all"]
@@ -35,21 +35,21 @@ SMEM_LIMIT_SM90 = 232448
 
 #: Modules with a ``compile_configs()`` function. A new kernel family adds itself here.
 KERNEL_MODULES = [
-    "lowbit.kernels.moe_routing",
-    "lowbit.kernels.w4a16_indexed",
-    "lowbit.kernels.w4a16_grouped",
-    "lowbit.kernels.sparse_attn",
-    "lowbit.kernels.sparse_attn_sm90",
+    "lowbit.routing.kernels",
+    "lowbit.kernels.w4a16.indexed",
+    "lowbit.kernels.w4a16.grouped",
+    "lowbit.kernels.attention.sparse_attn",
+    "lowbit.kernels.attention.hopper",
     "lowbit.kernels.quant",
     "lowbit.kernels.sinkhorn",
-    "lowbit.kernels.moe_decode",
-    "lowbit.kernels.moe_decode_sm90",
+    "lowbit.kernels.moe_decode.op",
+    "lowbit.kernels.moe_decode.hopper",
     "lowbit.kernels.moe_elementwise",
-    "lowbit.kernels.fp8_gemm",
-    "lowbit.kernels.fp8_gemm_sm90",
-    "lowbit.kernels.w4a16_sm90",
-    "lowbit.kernels.fp4_gemm",
-    "lowbit.kernels.fp4_decode_sm90",
+    "lowbit.kernels.block_scaled.fp8",
+    "lowbit.kernels.block_scaled.hopper_fp8",
+    "lowbit.kernels.w4a16.hopper",
+    "lowbit.kernels.block_scaled.fp4",
+    "lowbit.kernels.block_scaled.hopper_fp4",
 ]
 
 

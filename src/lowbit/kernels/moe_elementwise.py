@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 
 from ..routing.layouts import IndexedRouting
-from . import numerics
-from .pdl import launch_options, pdl_enabled, release_next, wait_prior
+from ..runtime import numerics
+from ..runtime.pdl import launch_options, pdl_enabled, release_next, wait_prior
 
 __all__ = ["silu_mul", "combine_topk"]
 
@@ -103,7 +103,7 @@ def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None, routing: Inde
         raise ValueError("gu must be contiguous along its columns")
     inter = two_i // 2
     if routing is not None:
-        from .moe_routing import gather_indexed_rows  # noqa: PLC0415
+        from ..routing.kernels import gather_indexed_rows  # noqa: PLC0415
 
         if routing.num_routes != r:
             raise ValueError(f"routing has {routing.num_routes} routes, gu has {r} rows (the down projection's "

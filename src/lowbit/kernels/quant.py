@@ -54,9 +54,9 @@ import triton.language as tl
 from ..formats.base import FormatError
 from ..formats.fp4 import MXFP4_AMAX_FLOOR, MXFP4_GROUP, NVFP4_DEEPSEEK_AMAX_FLOOR, NVFP4_GROUP
 from ..formats.fp8 import FP8_AMAX_FLOOR, FP8_E4M3_MAX, FP8_GROUP_SIZES, FP8_SCALE_FMTS
-from . import numerics, tuning
-from .numerics import INTERPRET
-from .sm90 import H200_NUM_SMS
+from ..runtime import numerics, overrides
+from ..runtime.numerics import INTERPRET
+from ..runtime.device import H200_NUM_SMS
 
 __all__ = [
     "act_quant",
@@ -345,7 +345,7 @@ def warps_for_tile(path: str, tile: int) -> int:
 
 
 _FIELDS = ("groups_per_program", "num_warps")
-ENV_OVERRIDES = {kind: tuning.override_names(kind.upper(), _FIELDS) for kind in ("act_quant", "fp4_quant")}
+ENV_OVERRIDES = {kind: overrides.override_names(kind.upper(), _FIELDS) for kind in ("act_quant", "fp4_quant")}
 
 
 @dataclass(frozen=True)
@@ -358,7 +358,7 @@ class QuantConfig:
 
 
 def _env_key(kind: str) -> tuple:
-    return tuning.env_key(kind.upper(), _FIELDS)
+    return overrides.env_key(kind.upper(), _FIELDS)
 
 
 def _check_config(cfg: QuantConfig, block: int, who: str) -> None:
@@ -389,7 +389,7 @@ def _config_cached(kind: str, path: str, total_groups: int, block: int, elem_byt
         f"{total_groups} groups of {block} x {elem_bytes} B: {tile} B a program -> {programs} programs "
         f"({'>= 2 per SM' if programs >= 2 * H200_NUM_SMS else 'smallest tile; launch-bound'}), "
         f"{warps_for_tile(path, tile)} warps ({path} path: {BYTES_PER_THREAD[path]} B a thread, TILE_BYTES)")
-    cfg = tuning.apply_env_overrides(cfg, kind.upper(), _FIELDS)
+    cfg = overrides.apply_env_overrides(cfg, kind.upper(), _FIELDS)
     _check_config(cfg, block, kind)
     return cfg
 

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tuning
-from .sm90 import H200_NUM_SMS
+from ..runtime import overrides
+from ..runtime.device import H200_NUM_SMS
 
 __all__ = ["hc_split_sinkhorn", "SinkhornConfig", "sinkhorn_config", "explain_sinkhorn_config", "ENV_OVERRIDES"]
 
@@ -101,7 +101,7 @@ def _hc_split_sinkhorn_kernel(
 SINKHORN_TABLE = ((8 * H200_NUM_SMS, 1, 1), (64 * H200_NUM_SMS, 8, 1), (None, 32, 4))
 
 _FIELDS = ("tokens_per_program", "num_warps")
-ENV_OVERRIDES = tuning.override_names("SINKHORN", _FIELDS)
+ENV_OVERRIDES = overrides.override_names("SINKHORN", _FIELDS)
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _config_cached(n: int, hc: int, env: tuple) -> SinkhornConfig:
             break
     cfg = SinkhornConfig(tokens, warps, f"{n} tokens, hc={hc}: {tokens} a program, {warps} warp(s) "
                                         f"-> {triton.cdiv(n, tokens)} programs; op count, not yet measured on the H200")
-    cfg = tuning.apply_env_overrides(cfg, "SINKHORN", _FIELDS)
+    cfg = overrides.apply_env_overrides(cfg, "SINKHORN", _FIELDS)
     _check_config(cfg)
     return cfg
 
@@ -136,7 +136,7 @@ def _config_cached(n: int, hc: int, env: tuple) -> SinkhornConfig:
 def sinkhorn_config(n: int, hc: int = 4) -> SinkhornConfig:
     """Launch configuration for ``n`` tokens; memoized per (n, hc) and the overrides
     ``LOWBIT_SINKHORN_TOKENS_PER_PROGRAM`` / ``LOWBIT_SINKHORN_NUM_WARPS``."""
-    return _config_cached(int(n), int(hc), tuning.env_key("SINKHORN", _FIELDS))
+    return _config_cached(int(n), int(hc), overrides.env_key("SINKHORN", _FIELDS))
 
 
 def explain_sinkhorn_config(n: int, hc: int = 4) -> str:

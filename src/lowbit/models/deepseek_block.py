@@ -32,9 +32,9 @@ mHC paper's)::
     h     = sum_j pre[j] * x[j]                                      (hc_pre -> bf16)
     x'[k] = post[k] * block_out + sum_j comb[j, k] * x[j]            (hc_post -> bf16)
 
-Backends: ``"kernels"`` runs `lowbit.linear.linear` (act_quant + fp8_gemm / fp4_gemm Triton
+Backends: ``"kernels"`` runs `lowbit.layers.linear.linear` (act_quant + fp8_gemm / fp4_gemm Triton
 kernels), `lowbit.kernels.quant.act_quant` (in-place KV rounding),
-`lowbit.kernels.sparse_attn.sparse_attn` and `lowbit.kernels.sinkhorn.hc_split_sinkhorn`;
+`lowbit.kernels.attention.sparse_attn.sparse_attn` and `lowbit.kernels.sinkhorn.hc_split_sinkhorn`;
 ``"reference"`` runs the same dataflow through ``act_quant_ref`` + ``fp8_gemm_ref`` /
 ``fp4_gemm_ref``, ``sparse_attn_ref`` and ``hc_split_sinkhorn_ref``, with the same quantized
 weights and the same rounding points (every GEMM and attention output rounded to bf16, as the
@@ -149,8 +149,8 @@ class StepResult:
 
 
 def _linear_ref(x, weight, scale, act_block_size=128, scale_fmt=None):
-    """`lowbit.linear.linear`'s dispatch with the FP32 references; output rounded to bf16."""
-    from ..linear import weight_kind
+    """`lowbit.layers.linear.linear`'s dispatch with the FP32 references; output rounded to bf16."""
+    from ..layers.linear import weight_kind
     from ..reference import act_quant_ref, fp4_gemm_ref, fp8_gemm_ref
 
     kind = weight_kind(weight)
@@ -188,13 +188,13 @@ class _Ops:
     def _op(name: str, backend: str):
         if backend == "kernels":
             if name == "linear":
-                from ..linear import linear as op
+                from ..layers.linear import linear as op
             elif name == "act_quant":
                 from ..kernels.quant import act_quant as op
             elif name == "sinkhorn":
                 from ..kernels.sinkhorn import hc_split_sinkhorn as op
             else:
-                from ..kernels.sparse_attn import sparse_attn as op
+                from ..kernels.attention.sparse_attn import sparse_attn as op
             return op
         from .. import reference as ref
 

@@ -1,4 +1,4 @@
-"""PyTorch reference of the routing builders (ground truth for `lowbit.kernels.moe_routing`).
+"""PyTorch reference of the routing builders (ground truth for `lowbit.routing.kernels`).
 
 Written as plain loops over experts for clarity. Semantics shared with the device builders:
 routes are sorted stably by global expert id (inside an expert, by flat route id

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .._env import interpreter_active
+from ..runtime.env import interpreter_active
 from .layouts import (
     CONTIGUOUS_ALIGNMENT,
     ContiguousRouting,
@@ -90,7 +90,7 @@ def moe_align_block_size(
     _check_positive("num_experts", num_experts)
     check_expert_map(expert_map, num_experts, topk_ids.device)
     if _use_triton(backend, topk_ids):
-        from ..kernels.moe_routing import moe_align_block_size_triton
+        from .kernels import moe_align_block_size_triton
 
         return moe_align_block_size_triton(topk_ids.contiguous(), block_size, num_experts, expert_map)
     from ..reference.routing import moe_align_block_size_ref
@@ -116,7 +116,7 @@ def build_contiguous(
     check_expert_map(expert_map, num_experts, topk_ids.device)
     g = _num_local(num_experts, expert_map, num_local_experts)
     if _use_triton(backend, topk_ids):
-        from ..kernels.moe_routing import build_contiguous_triton
+        from .kernels import build_contiguous_triton
 
         return build_contiguous_triton(topk_ids.contiguous(), num_experts, g, expert_map, alignment)
     from ..reference.routing import build_contiguous_ref
@@ -142,7 +142,7 @@ def build_masked(
     check_expert_map(expert_map, num_experts, topk_ids.device)
     g = _num_local(num_experts, expert_map, num_local_experts)
     if _use_triton(backend, topk_ids):
-        from ..kernels.moe_routing import build_masked_triton
+        from .kernels import build_masked_triton
 
         return build_masked_triton(topk_ids.contiguous(), num_experts, g, max_m, expert_map)
     from ..reference.routing import build_masked_ref

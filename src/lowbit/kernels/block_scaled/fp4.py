@@ -85,7 +85,7 @@ engine on `fp8_gemm`'s Gluon tile and K split for the shape (`fp8_gemm.gluon_til
 (`fold_fp4_weight`), Humming 122.3 / 116.9; M=128 38.7 / 31.4, folded 21.4 / 13.7, Humming
 19.0 / 18.6. With ``mma=True`` (the launcher passes `mma_capable`: an sm_90 GPU, K % 128 ==
 0, aligned rows), act_block_size 128, M <= 64 and a raw weight: the decode mma engine
-(`lowbit.kernels.fp4_decode_sm90`: f16 mma.sync on exact E2M1 / E4M3 values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split
+(`lowbit.kernels.block_scaled.hopper_fp4`: f16 mma.sync on exact E2M1 / E4M3 values, each group's scale applied to its partial in FP32; tiles `DECODE_MMA_TILES`, K split
 to ~3.5 programs an SM); H200 (tenth session, CUDA graph, beside Humming's W4A8): M=16 14.1 /
 14.3 us against 35.4 / 43.2 for the direct kernel and 15.0 / 15.1 for Humming; M=64 19.6 /
 19.3 against 67.0 / 59.2 and 16.4 / 16.8. Memoized with the ``LOWBIT_FP4_GEMM_*`` overrides
@@ -102,10 +102,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.fp8 import e8m0_encode
-from ..formats.base import FormatError
-from . import numerics
-from .fp8_gemm import (
+from ...formats.fp8 import e8m0_encode
+from ...formats.base import FormatError
+from ...runtime import numerics
+from .fp8 import (
     _UNIT_STRIDES,
     H200_NUM_SMS,
     BlockScaledConfig,
@@ -122,8 +122,8 @@ from .fp8_gemm import (
     split_k_for,
     store_block_scaled_tile,
 )
-from .sm90 import is_sm90_native, require_sm90, tma_problem
-from .tuning import apply_env_overrides, env_key, override_names, overridden
+from ...runtime.device import is_sm90_native, require_sm90, tma_problem
+from ...runtime.overrides import apply_env_overrides, env_key, override_names, overridden
 
 __all__ = ["fp4_gemm", "fold_fp4_weight", "FoldedFp4Weight", "fp4_gemm_config", "explain_fp4_gemm_config", "ENV_OVERRIDES", "WEIGHT_GROUP"]
 
@@ -466,7 +466,7 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, n: int, k: int, act_block_size: 
         return cfg
     if act_block_size != 128:
         return replace(cfg, engine="triton", reason=f"{cfg.reason}; fold needs act_block_size 128: triton")
-    from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+    from .hopper_fp8 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
 
     if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in GLUON_TILES and not cfg.swap_ab \
             and (cfg.split_k == 1 or cfg.block_m == 64) and cfg.k_step == 128:
@@ -504,7 +504,7 @@ def mma_capable(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.
     `fp4_decode_sm90.decode_mma_problem` None."""
     if not is_sm90_native(a.device):
         return False
-    from .fp4_decode_sm90 import decode_mma_problem
+    from .hopper_fp4 import decode_mma_problem
 
     return decode_mma_problem(a, a_s, b, b_s, act_block_size) is None
 
@@ -512,7 +512,7 @@ def mma_capable(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.
 def _launch_mma(a, a_s, b, b_s, out, config: BlockScaledConfig, act_block_size: int, who: str) -> None:
     """The decode mma engine, after checking what a hand-made config may get wrong."""
     require_sm90(a.device, f"{who} engine='mma'")
-    from .fp4_decode_sm90 import decode_mma_launch, decode_mma_problem
+    from .hopper_fp4 import decode_mma_launch, decode_mma_problem
 
     problem = decode_mma_problem(a, a_s, b, b_s, act_block_size)
     if problem:
@@ -723,7 +723,7 @@ def _launch_fold(a, a_s, b, b_s, out, config: BlockScaledConfig, who: str,
     `FoldedFp4Weight` the GEMM, and the fixup only where it needs one."""
     require_sm90(a.device, f"{who} (engine='fold' runs a Gluon GEMM)")
     # Gluon imported only when asked for
-    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch
+    from .hopper_fp8 import fp8_gemm_sm90_launch
 
     why = tma_problem(a, "a")
     if why:
@@ -754,7 +754,7 @@ def compile_configs():
     fold engine's own kernels: the fold and the fixup (the prefill tile behind its flag; its
     Gluon GEMM is `fp8_gemm_sm90`'s per-row variant). QGMMA is expected wherever the MMA's M
     side is >= 64 (every production tile)."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     sig = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "b_ptr": "*u8", "bs_ptr": "*u8", "c_ptr": "*bf16",
            "M": "i32", "N": "i32", "K": "i32", "steps_per_split": "i32",

@@ -4,7 +4,7 @@
 
     weight FP4 (uint8 [N, K/2] packed E2M1, or torch.float4_e2m1fn_x2), scale E8M0 [N, K/32]:
         x_q, x_s = act_quant(x, act_block_size, scale_fmt);  y = fp4_gemm(x_q, x_s, weight, scale)
-    weight a FoldedFp4Weight (`lowbit.kernels.fp4_gemm.fold_fp4_weight`, done once at load
+    weight a FoldedFp4Weight (`lowbit.kernels.block_scaled.fp4.fold_fp4_weight`, done once at load
     time), no scale: the same, with the fold engine's per-call fold skipped
     weight float8_e4m3fn [N, K], scale [ceil(N/128), ceil(K/128)] (FP32 or E8M0):
         x_q, x_s = act_quant(x, 128, scale_fmt);              y = fp8_gemm(x_q, x_s, weight, scale)
@@ -25,18 +25,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .kernels.fp4_gemm import WEIGHT_GROUP, FoldedFp4Weight, fp4_gemm
-from .kernels.fp8_gemm import SCALE_BLOCK, fp8_gemm
+from ..kernels.block_scaled.fp4 import WEIGHT_GROUP, FoldedFp4Weight, fp4_gemm
+from ..kernels.block_scaled.fp8 import SCALE_BLOCK, fp8_gemm
 
 try:
-    from .kernels.quant import act_quant as _act_quant
+    from ..kernels.quant import act_quant as _act_quant
 
     #: "triton" (lowbit.kernels.quant.act_quant) or "reference" (act_quant_ref, PyTorch)
     ACT_QUANT_BACKEND = "triton"
 except ModuleNotFoundError as exc:  # only the module's absence; a broken module still raises
     if exc.name != __name__.rsplit(".", 1)[0] + ".kernels.quant":
         raise
-    from .reference.quant import act_quant_ref as _act_quant
+    from ..reference.quant import act_quant_ref as _act_quant
 
     ACT_QUANT_BACKEND = "reference"
 

@@ -12,7 +12,7 @@ and ``i + 4``. `dequant_pair` turns such a word into the two bf16 weights
 The result is bit-identical to ``bf16((q - 8) * s)`` computed in FP32, which is what the
 interpreter path computes (inline PTX does not run under the interpreter).
 
-The Gluon register-A consumers (wgmma / mma.sync A operands: `lowbit.kernels.w4a16_sm90`, the
+The Gluon register-A consumers (wgmma / mma.sync A operands: `lowbit.kernels.w4a16.hopper`, the
 output-centric `moe_decode_sm90`) use the **subnormal form** instead. Their registers pair two
 K-adjacent weights of one group: given the words at K ``k`` and ``k + 1`` and byte ``j`` (groups
 ``2j`` and ``2j + 1``), one ``prmt`` gathers both words' byte j, so its low nibbles are the pair
@@ -38,7 +38,7 @@ products and their sums are the magic form's times 2^-64, so the result is bit-i
 import triton
 import triton.language as tl
 
-from . import numerics
+from ...runtime import numerics
 
 __all__ = ["DEQUANT_PAIR_PTX", "SUBNORMAL_ACC_SCALE", "dequant_byte_subnormal_ptx", "dequant_group_subnormal_ptx",
            "dequant_pair", "scale_factors_ptx"]

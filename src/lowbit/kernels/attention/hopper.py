@@ -516,7 +516,7 @@ def _fold_flags(device: torch.device, n: int) -> torch.Tensor:
 
 def compile_configs():
     """Every tile of `GLUON_TILES`, unsplit and split, for the compile tier."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "sink_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*bf16",
            "H": "i32", "N": "i32", "TOPK": "i32", "S": "i32",

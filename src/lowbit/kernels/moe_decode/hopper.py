@@ -67,9 +67,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .moe_decode import _ROUTE_CHUNK as ROUTE_CHUNK
-from .moe_decode import Mxfp8ExpertWeight
-from .w4a16_sm90 import _ACC_SCALE, _dequant_byte
+from .op import _ROUTE_CHUNK as ROUTE_CHUNK
+from .op import Mxfp8ExpertWeight
+from ..w4a16.hopper import _ACC_SCALE, _dequant_byte
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_EXTRA_TILES", "compile_configs"]
 
@@ -627,7 +627,7 @@ MMA_EXTRA_TILES = ((8, 1), (8, 4), (8, 8), (16, 1), (32, 1))
 
 def compile_configs():
     """Every tile of both kernels for the compile tier (mma.sync in the SASS, no spills)."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     gate_up_sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
@@ -638,7 +638,7 @@ def compile_configs():
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "COLS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
                 "STAGES": "constexpr", "X_LAYOUT": "constexpr", "FP8": "constexpr", "num_warps": "constexpr"}
-    from .moe_decode import _MMA_SPLITS, _MMA_SPLITS_MXFP8, _TILES
+    from .op import _MMA_SPLITS, _MMA_SPLITS_MXFP8, _TILES
 
     stages = _TILES["mma", "int4"][3]
     assert stages == _TILES["mma", "mxfp8_k256"][3]

@@ -34,7 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .._env import interpreter_active
+from .env import interpreter_active
 
 __all__ = ["ENV", "gl_release_next", "gl_wait_prior", "launch_options", "pdl_enabled", "release_next", "wait_prior"]
 

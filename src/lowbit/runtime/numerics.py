@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._env import interpreter_active
+from .env import interpreter_active
 
 __all__ = ["INTERPRET", "dot", "to_bf16", "to_fp8e4m3", "mul_bf16", "silu_mul"]
 

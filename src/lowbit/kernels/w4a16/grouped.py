@@ -26,11 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.w4a16 import W4A16Weight
-from ..routing.layouts import CONTIGUOUS_ALIGNMENT
-from . import numerics
-from .sm90 import is_sm90_native, require_sm90, tma_problem
-from .w4a16_core import (
+from ...formats.w4a16 import W4A16Weight
+from ...routing.layouts import CONTIGUOUS_ALIGNMENT
+from ...runtime import numerics
+from ...runtime.device import is_sm90_native, require_sm90, tma_problem
+from .portable import (
     GLUON_ENGINES,
     REGISTER_A_ENGINES,
     VALIDATED_TILES,
@@ -150,7 +150,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
         cfg = replace(cfg, engine="gluon_rs", reason=f"{why}; sm_90: register-A Gluon kernel, 128 weight rows on one "
                       "warpgroup (H200 masked 32 tok/expert EP8 / 16 / 32: 1.04-1.18x the warp-specialized 256x64)")
     elif gluon and (mode == "contiguous" or bm >= _WIDE_MIN_ROWS):
-        from .w4a16_sm90 import GLUON_WS_TILES, split_tile_rows, wide_tile_pays
+        from .hopper import GLUON_WS_TILES, split_tile_rows, wide_tile_pays
 
         # masked past 64 expected rows: one split tile an expert (80 / 96 rows) instead of two 64-row ones
         split = split_tile_rows(MASKED_SPREAD * expected_m) if mode == "masked" else 0
@@ -181,7 +181,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
     if split and cfg.engine == "gluon_rs" and cfg.block_n == 256 and not env[0]:
         # the split tile only where the four-warpgroup kernel runs and no BLOCK_M was asked for;
         # its warp-specialized form where one holds the rows, unless an engine was asked for
-        from .w4a16_sm90 import GLUON_SPLIT_WS_TILES
+        from .hopper import GLUON_SPLIT_WS_TILES
 
         ws_rows = min((t[1] for t in GLUON_SPLIT_WS_TILES if t[1] >= split), default=0)
         engine = "gluon_ws" if ws_rows and not env_value(env, "engine") else "gluon_rs"
@@ -193,7 +193,7 @@ def _config_cached(mode: str, m: int, n: int, k: int, g: int, expected_m: int, g
                       reason=f"{cfg.reason}; {br}-row split tile, one tile an expert instead of two 64-row ones "
                       f"(H200 EP8 64 tok/expert: 1.15-1.20x{measured}): {bw}x{br}, {stages} stages")
     if cfg.engine in GLUON_ENGINES:
-        from .w4a16_sm90 import half_acts_note, tail_rows
+        from .hopper import half_acts_note, tail_rows
 
         tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
         tail = tail_rows(tile, cfg.engine, mode)
@@ -210,7 +210,7 @@ def _engine_tiles(engine: str, mode: str) -> tuple:
     """The (weight rows, rows, warps, stages) tiles a Gluon engine's kernel is built for; masked
     register-A and warp-specialized add their split tiles (rows not a power of two, which 128-row
     contiguous segments do not divide)."""
-    from .w4a16_sm90 import GLUON_RS_TILES, GLUON_SPLIT_TILES, GLUON_SPLIT_WS_TILES, GLUON_TILES, GLUON_WS_TILES
+    from .hopper import GLUON_RS_TILES, GLUON_SPLIT_TILES, GLUON_SPLIT_WS_TILES, GLUON_TILES, GLUON_WS_TILES
 
     split = {"gluon_rs": GLUON_SPLIT_TILES, "gluon_ws": GLUON_SPLIT_WS_TILES}.get(engine, ()) if mode == "masked" else ()
     return {"gluon": GLUON_TILES, "gluon_rs": GLUON_RS_TILES, "gluon_ws": GLUON_WS_TILES}[engine] + split
@@ -240,7 +240,7 @@ def _fit_engine(cfg: W4A16Config, mode: str, env: tuple, wide: bool = False,
         rows = CONTIGUOUS_ALIGNMENT
     tile, note = pick_gluon_tile(tiles, rows, cfg, env, wide), ""
     if cfg.engine == "gluon_rs" and not env_value(env, "num_stages"):
-        from .w4a16_sm90 import SHORT_K_STEPS, SHORT_K_TILES, group_loop_tile
+        from .hopper import SHORT_K_STEPS, SHORT_K_TILES, group_loop_tile
 
         short = mode == "masked" and tile in SHORT_K_TILES and 0 < k <= 256 * SHORT_K_STEPS
         if short:
@@ -369,7 +369,7 @@ def _launch_gluon(mode: str, a, w, route, out, config: W4A16Config, max_m: int =
     ``gluon_ws``: in registers, with a producer warp issuing the loads. Masked: a grid of
     programs for the expected rows (`masked_row_slots`), not for max_m."""
     require_sm90(a.device, mode)
-    from .w4a16_sm90 import GLUON_SPLIT_TILES, masked_row_slots, w4a16_grouped_sm90_launch, w4a16_grouped_split_launch
+    from .hopper import GLUON_SPLIT_TILES, masked_row_slots, w4a16_grouped_sm90_launch, w4a16_grouped_split_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
     tiles = _engine_tiles(config.engine, mode)

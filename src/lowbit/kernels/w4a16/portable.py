@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import triton
 import triton.language as tl
 
-from . import numerics, tuning
-from .int4_dequant import dequant_pair
+from ...runtime import numerics, overrides
+from .int4 import dequant_pair
 
 __all__ = ["GLUON_ENGINES", "REGISTER_A_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key", "env_value",
            "override_names", "pick_gluon_tile", "w4a16_tile"]
@@ -118,12 +118,12 @@ _OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", 
 
 def override_names(family: str) -> list[str]:
     """``LOWBIT_<FAMILY>_BLOCK_M`` ... : the documented tuning overrides of a W4A16 family."""
-    return tuning.override_names(family, _OVERRIDE_FIELDS)
+    return overrides.override_names(family, _OVERRIDE_FIELDS)
 
 
 def env_key(family: str) -> tuple:
     """The overrides' current values (part of every memo key)."""
-    return tuning.env_key(family, _OVERRIDE_FIELDS)
+    return overrides.env_key(family, _OVERRIDE_FIELDS)
 
 
 def env_value(env: tuple, field: str) -> str:
@@ -132,7 +132,7 @@ def env_value(env: tuple, field: str) -> str:
 
 
 def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
-    return tuning.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
+    return overrides.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
 
 
 def pick_gluon_tile(tiles: tuple, rows: int, cfg: W4A16Config, env: tuple,
@@ -176,7 +176,7 @@ def tile_config(block_m: int, why: str) -> W4A16Config:
 
 def compile_configs_for(fn, signature: dict, name: str, extra_constexprs: list[dict], unaligned: tuple[str, ...]):
     """KernelConfigs of every validated tile x each extra-constexpr variant (compile tier)."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     cfgs = []
     for bm, (bn, warps, stages, swap) in VALIDATED_TILES.items():

@@ -8,13 +8,13 @@ round_intermediate=True)`)::
 
 Paths:
 
-- ``"output_centric"``: `lowbit.kernels.moe_decode` (issue 5). Two kernels organized around
+- ``"output_centric"``: `lowbit.kernels.moe_decode.op` (issue 5). Two kernels organized around
   outputs, the combine folded into the second. INT4 (`W4A16Weight`, profile ``"indexed"``)
   or MXFP8 (`Mxfp8ExpertWeight`) weights.
 - ``"indexed"``: routing (`lowbit.routing.moe_align_block_size`), `w4a16_indexed` gate_up,
   `silu_mul`, `w4a16_indexed` down, `combine_topk`. Five launches, INT4 only, on the same
   prepared weights. On Hopper they chain with programmatic dependent launch
-  (`lowbit.kernels.pdl`): each starts while the previous one finishes, and down, whose routing
+  (`lowbit.runtime.pdl`): each starts while the previous one finishes, and down, whose routing
   was built before gate_up, streams its first weight steps before it waits for `silu_mul`
   (H200 Kimi EP8: 1.02-1.07x plain launches at 1-32 tokens). Where down runs on pre-gathered
   rows (prefill: `W4A16Config.pregather`), `silu_mul` writes its rows in down's slot order
@@ -33,7 +33,7 @@ import os
 
 import torch
 
-from .formats.w4a16 import W4A16Weight
+from ..formats.w4a16 import W4A16Weight
 
 __all__ = ["PATHS", "OUTPUT_CENTRIC_MAX_TOKENS", "indexed_configs", "moe_experts", "moe_experts_path"]
 
@@ -88,7 +88,7 @@ def moe_experts(
     or both `Mxfp8ExpertWeight` (output-centric path only); out optional ``bf16 [M, H]``;
     path ``"auto"``, ``"output_centric"`` or ``"indexed"``. Returns ``bf16 [M, H]``.
     """
-    from .kernels.moe_decode import _check_routing, _check_weights_pair, moe_decode  # noqa: PLC0415
+    from ..kernels.moe_decode.op import _check_routing, _check_weights_pair, moe_decode  # noqa: PLC0415
 
     if path != "auto" and path not in PATHS:
         raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
@@ -115,7 +115,7 @@ def moe_experts(
 def indexed_configs(hidden: torch.Tensor, top_k: int, w13: W4A16Weight, w2: W4A16Weight) -> tuple:
     """The `w4a16_indexed` configurations (gate_up, down) of the indexed path for `hidden`
     ``[M, H]`` routed `top_k` ways (memoized by the GEMM's heuristics)."""
-    from .kernels.w4a16_indexed import gluon_capable, w4a16_indexed_config  # noqa: PLC0415
+    from ..kernels.w4a16.indexed import gluon_capable, w4a16_indexed_config  # noqa: PLC0415
 
     routes = hidden.shape[0] * top_k
     # down's activations are a fresh contiguous [routes, I] tensor: 16-byte aligned rows iff I % 8 == 0
@@ -126,9 +126,9 @@ def indexed_configs(hidden: torch.Tensor, top_k: int, w13: W4A16Weight, w2: W4A1
 
 def _indexed(hidden, topk_ids, topk_weights, w13: W4A16Weight, w2: W4A16Weight, out):
     """Routing, gate_up, SiLU * up, down, combine (the expert-centric layer)."""
-    from .kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
-    from .kernels.w4a16_indexed import w4a16_indexed  # noqa: PLC0415
-    from .routing import moe_align_block_size  # noqa: PLC0415
+    from ..kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
+    from ..kernels.w4a16.indexed import w4a16_indexed  # noqa: PLC0415
+    from ..routing import moe_align_block_size  # noqa: PLC0415
 
     m, top_k = topk_ids.shape
     e = w13.num_experts

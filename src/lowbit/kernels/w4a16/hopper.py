@@ -100,10 +100,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..routing.layouts import live_block_bound
-from .pdl import gl_release_next, gl_wait_prior, launch_options
-from .sm90 import H200_NUM_SMS, num_sms
-from .int4_dequant import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_subnormal_ptx,
+from ...routing.layouts import live_block_bound
+from ...runtime.pdl import gl_release_next, gl_wait_prior, launch_options
+from ...runtime.device import H200_NUM_SMS, num_sms
+from .int4 import (DEQUANT_PAIR_PTX, SUBNORMAL_ACC_SCALE, dequant_byte_subnormal_ptx,
                            dequant_group_subnormal_ptx, scale_factors_ptx)
 
 __all__ = ["GLUON_RS_TILES", "GLUON_SPLIT_WS_TILES", "GLUON_TILES", "GLUON_WS_TILES", "WS_TAIL_TILES", "INDEXED_WS_TILES", "INDEXED_RS_TILES", "INDEXED_TILES",
@@ -2362,7 +2362,7 @@ def _indexed_tma_launch(a, w, w_desc, s_desc, sorted_ids, expert_ids, ntpp, top_
                         blocks: int, pdl: int, slot_order: bool = False) -> None:
     """`gather_indexed_rows` into a ``[P, K]`` buffer (`a` itself when `slot_order`), then
     `_w4a16_indexed_tma_kernel` over it."""
-    from .moe_routing import gather_indexed_rows
+    from ...routing.kernels import gather_indexed_rows
 
     bw, br, warps, stages = tile
     rows = a if slot_order else gather_indexed_rows(a, sorted_ids, expert_ids, ntpp, top_k)
@@ -2386,7 +2386,7 @@ def compile_configs():
     """The Gluon tiles for the compile tier."""
     from triton.runtime.jit import mangle_type
 
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     def descs(bw: int) -> dict[str, str]:  # types only: dtype, block, layout
         words = torch.empty(64, 64, dtype=torch.int32)

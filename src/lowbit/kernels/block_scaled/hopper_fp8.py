@@ -73,7 +73,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .sm90 import tma_problem
+from ...runtime.device import tma_problem
 
 __all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
 
@@ -482,7 +482,7 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         )
         return
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
-    from .fp8_gemm import split_blocks, splitk_destination, splitk_reduce  # noqa: PLC0415 (fp8_gemm imports this module lazily)
+    from .fp8 import split_blocks, splitk_destination, splitk_reduce  # noqa: PLC0415 (fp8_gemm imports this module lazily)
 
     per, split = split_blocks(triton.cdiv(k, _BK), split_k)
     dst, stride_cs, stride_cm = splitk_destination(out, split)
@@ -502,7 +502,7 @@ def compile_configs():
     warp-specialized tiles with the TMA-store epilogue and the plain-store one."""
     from triton.runtime.jit import mangle_type
 
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
     scales = torch.empty(16, 16, dtype=torch.float32)

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import torch
 
-from .._env import interpreter_active
+from .env import interpreter_active
 
 __all__ = ["H200_NUM_SMS", "is_sm90_native", "num_sms", "require_sm90", "tma_problem"]
 

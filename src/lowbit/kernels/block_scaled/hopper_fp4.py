@@ -1,6 +1,6 @@
 """FP8 x MXFP4 decode GEMM on mma.sync: `fp4_gemm`'s engine ``"mma"`` (Gluon, sm_90).
 
-Same contract as `lowbit.kernels.fp4_gemm` (``c = (a * a_s) @ (e2m1(b) * 2**(b_s - 127))^T``,
+Same contract as `lowbit.kernels.block_scaled.fp4` (``c = (a * a_s) @ (e2m1(b) * 2**(b_s - 127))^T``,
 BF16 out; reference `lowbit.reference.fp4_gemm_ref`), for the decode shapes (M <= 64 rows,
 activation scales per 128 K) where the direct Triton kernel's in-register FP4 -> FP8 fold and
 its serialized wgmma leave it at a few % of the read bandwidth.
@@ -48,7 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .fp8_gemm import split_blocks, splitk_destination, splitk_reduce
+from .fp8 import split_blocks, splitk_destination, splitk_reduce
 
 __all__ = ["STEP_K", "decode_mma_launch", "decode_mma_problem", "compile_configs"]
 
@@ -283,8 +283,8 @@ def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: in
 def compile_configs():
     """The engine's tiles the heuristic picks (`fp4_gemm.DECODE_MMA_TILES`), direct and split
     output, for the compile tier (mma.sync in the SASS, no spills)."""
-    from .compile_tier import KernelConfig
-    from .fp4_gemm import DECODE_MMA_TILES
+    from ..compile_tier import KernelConfig
+    from .fp4 import DECODE_MMA_TILES
 
     sig = {"a_ptr": "*i32", "as_ptr": "*fp32", "b_ptr": "*i32", "bs_ptr": "*i32", "c_ptr": "*bf16",
            "M": "i32", "N": "i32", "K": "i32", "steps_per_split": "i32",

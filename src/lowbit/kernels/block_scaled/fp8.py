@@ -36,12 +36,12 @@ Heuristics (`fp8_gemm_config`): a pure function of (M, N, K, SM count), memoized
 (compile tier) and the grid-fill rule below. Measured on the H200 (2026-11-29, CUDA-graph
 replay, docs/performance.md): 14.5-20.5 us at M=16/128 (torch's per-tensor FP8 GEMM 10.8-12.3),
 629-634 TFLOP/s at M=4096 (0.47-0.50x torch): the tensor cores idle during each K block's
-promotion, which Triton cannot overlap. `lowbit.kernels.fp8_gemm_sm90` holds the Gluon kernels
+promotion, which Triton cannot overlap. `lowbit.kernels.block_scaled.hopper_fp8` holds the Gluon kernels
 that do: with ``gluon=True`` (a Hopper GPU, TMA-able operands) the default at every M
 (`gluon_tile`: the persistent warp-specialized kernel where 128x128 tiles fill the SMs, else
 the 64x128 kernel split along K by `gluon_split_k`; H200, twelfth session: M=4096 0.82-0.85x
 torch's per-tensor FP8 GEMM, M=16 / 128 0.77-0.84x); ``engine="triton"`` elsewhere.
-This module also holds what `lowbit.kernels.fp4_gemm` shares: the config type, the overrides,
+This module also holds what `lowbit.kernels.block_scaled.fp4` shares: the config type, the overrides,
 the split-K rule and the split-K reduction.
 """
 
@@ -54,10 +54,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.fp8 import e8m0_decode
-from . import numerics
-from .sm90 import H200_NUM_SMS, is_sm90_native, num_sms, require_sm90, tma_problem
-from .tuning import apply_env_overrides, env_key, override_names, overridden
+from ...formats.fp8 import e8m0_decode
+from ...runtime import numerics
+from ...runtime.device import H200_NUM_SMS, is_sm90_native, num_sms, require_sm90, tma_problem
+from ...runtime.overrides import apply_env_overrides, env_key, override_names, overridden
 
 __all__ = [
     "ENV_OVERRIDES",
@@ -326,7 +326,7 @@ def _fit_engine(cfg: BlockScaledConfig, m: int, gluon_cfg: BlockScaledConfig | N
     without one its nearest Gluon tile, with the reason said."""
     if cfg.engine != "gluon":
         return cfg
-    from .fp8_gemm_sm90 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
+    from .hopper_fp8 import GLUON_TILES  # noqa: PLC0415 (Gluon imported only when asked for)
 
     if (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in GLUON_TILES and not cfg.swap_ab \
             and (cfg.split_k == 1 or cfg.block_m == 64):
@@ -368,7 +368,7 @@ def check_config(cfg: BlockScaledConfig, who: str, k_steps: tuple[int, ...] = (1
     if cfg.engine not in engines:
         raise ValueError(f"{who}: engine must be one of {engines}, got {cfg.engine!r}")
     if cfg.engine in ("gluon", "fold"):  # fold: fp4_gemm's engine around the same Gluon kernel
-        from .fp8_gemm_sm90 import GLUON_TILES
+        from .hopper_fp8 import GLUON_TILES
 
         tile = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         if cfg.swap_ab or (cfg.split_k != 1 and cfg.block_m != 64) or tile not in GLUON_TILES:
@@ -480,7 +480,7 @@ def fp8_gemm(
 def _launch_gluon(a, a_s, b, b_s, out, m, n, k, config: BlockScaledConfig, who: str) -> None:
     """The Hopper Gluon kernel (`fp8_gemm_sm90`): a CUDA sm_90 device, TMA-able operands."""
     require_sm90(a.device, who)
-    from .fp8_gemm_sm90 import fp8_gemm_sm90_launch
+    from .hopper_fp8 import fp8_gemm_sm90_launch
 
     why = tma_problem(a, "a") or tma_problem(b, "b")
     if why:
@@ -519,7 +519,7 @@ def compile_configs():
     """Every configuration `fp8_gemm_config` can pick (x direct / split-K output) and the
     split-K reduction, for the compile tier. wgmma (QGMMA) is expected wherever the MMA's M
     side is >= 64: the weight tile (BN = 64) under swap-AB, the activation tile otherwise."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     sig = {"a_ptr": "*fp8e4nv", "as_ptr": "*fp32", "b_ptr": "*fp8e4nv", "bs_ptr": "*fp32", "c_ptr": "*bf16",
            "M": "i32", "N": "i32", "K": "i32", "steps_per_split": "i32",

@@ -86,14 +86,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.base import FormatError, QuantizedTensor
-from ..formats.fp8 import e8m0_decode
-from ..formats.mxfp8 import MXFP8_GROUP, quantize_mxfp8
-from ..formats.w4a16 import W4A16Weight
-from . import numerics, tuning
-from .int4_dequant import dequant_pair
-from .sm90 import is_sm90_native, require_sm90
-from .w4a16_core import w4a16_tile
+from ...formats.base import FormatError, QuantizedTensor
+from ...formats.fp8 import e8m0_decode
+from ...formats.mxfp8 import MXFP8_GROUP, quantize_mxfp8
+from ...formats.w4a16 import W4A16Weight
+from ...runtime import numerics, overrides
+from ..w4a16.int4 import dequant_pair
+from ...runtime.device import is_sm90_native, require_sm90
+from ..w4a16.portable import w4a16_tile
 
 __all__ = [
     "MXFP8_LAYOUTS",
@@ -659,11 +659,11 @@ _MMA_SPLITS_MXFP8 = (
 _ENV_FIELDS = ("engine", "block_i", "block_h", "tokens", "num_warps", "num_stages", "split_gate_up", "split_down")
 #: Environment overrides, each part of the memo key: LOWBIT_DECODE_ENGINE (fma|dot|mma),
 #: LOWBIT_DECODE_BLOCK_I, _BLOCK_H, _TOKENS, _NUM_WARPS, _NUM_STAGES, _SPLIT_GATE_UP, _SPLIT_DOWN.
-ENV_OVERRIDES = tuning.override_names("DECODE", _ENV_FIELDS)
+ENV_OVERRIDES = overrides.override_names("DECODE", _ENV_FIELDS)
 
 
 def _env_key() -> tuple:
-    return tuning.env_key("DECODE", _ENV_FIELDS)
+    return overrides.env_key("DECODE", _ENV_FIELDS)
 
 
 def _routes_per_hit_expert(m: int, top_k: int, num_experts: int) -> float:
@@ -736,7 +736,7 @@ def _config_cached(m: int, top_k: int, num_experts: int, hidden: int, inter: int
                        f"M={m} k={top_k} E={num_experts}: {rpe:.2f} routes/hit expert: {why}; "
                        f"{fmt} {engine} tile {measured}", **splits)
     # the engine override was applied above (it picks the tile row); the others on top of it
-    cfg = tuning.apply_env_overrides(cfg, "DECODE", _ENV_FIELDS[1:])
+    cfg = overrides.apply_env_overrides(cfg, "DECODE", _ENV_FIELDS[1:])
     _validate_config(cfg)
     return cfg
 
@@ -891,7 +891,7 @@ def moe_decode_gate_up(
     if m == 0 or inter == 0:
         return out
     if config.engine == "mma":
-        from .moe_decode_sm90 import gate_up_mma_launch
+        from .hopper import gate_up_mma_launch
 
         gate_up_mma_launch(hidden, topk_ids, w13, out, min(config.tokens, 16), config.split_gate_up, config.num_stages)
         return out
@@ -950,7 +950,7 @@ def moe_decode_down(
     if m == 0 or h == 0:
         return out
     if config.engine == "mma":
-        from .moe_decode_sm90 import down_mma_launch
+        from .hopper import down_mma_launch
 
         down_mma_launch(act, topk_ids, topk_weights, w2, out, config.tokens, config.split_down, config.num_stages)
         return out
@@ -1037,7 +1037,7 @@ def _production_configs() -> list[tuple[str, DecodeConfig]]:
 def compile_configs():
     """Every kernel configuration the heuristics can pick for the production shapes, in both
     weight formats, for the compile tier."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     out, done = [], set()
     for fname, cfg in _production_configs():

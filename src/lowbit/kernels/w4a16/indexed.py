@@ -26,13 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.w4a16 import W4A16Weight
-from ..routing.layouts import live_block_bound
-from . import numerics
-from .tuning import parse_override
-from .pdl import pdl_enabled
-from .sm90 import is_sm90_native, require_sm90
-from .w4a16_core import (
+from ...formats.w4a16 import W4A16Weight
+from ...routing.layouts import live_block_bound
+from ...runtime import numerics
+from ...runtime.overrides import parse_override
+from ...runtime.pdl import pdl_enabled
+from ...runtime.device import is_sm90_native, require_sm90
+from .portable import (
     GLUON_ENGINES,
     REGISTER_A_ENGINES,
     VALIDATED_TILES,
@@ -335,7 +335,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
                    env: tuple) -> W4A16Config:
     tok_e = num_routes / max(num_experts, 1)
     profile = "TP" if num_experts > 64 and n * k < 4096 * 7168 // 2 else "EP"
-    from .w4a16_sm90 import INDEXED_RS_TILES
+    from .hopper import INDEXED_RS_TILES
 
     rs_blocks = sorted({t[1] for t in INDEXED_RS_TILES})
     # an engine override other than gluon_rs: the routing block as for that engine
@@ -365,7 +365,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
     programs = float("inf")
     if rs:  # prefill blocks: the four-warpgroup tile (the 256 weight rows' grid permitting), or for a
         # one-step K the N loop (warp-specialized 128-row tiles)
-        from .w4a16_sm90 import wide_tile_pays
+        from .hopper import wide_tile_pays
 
         blocks = num_routes / block_m + min(num_experts, num_routes)  # routed blocks + padding blocks, about
         # a 64-row block with K past one step: the one-warpgroup 128x64 (`INDEXED_RS_TILES`' first 64-row
@@ -373,7 +373,7 @@ def _config_cached(num_routes: int, num_experts: int, n: int, k: int, block_m: i
         group_loop_64 = block_m in _GROUP_LOOP_BLOCKS and k > 256
         wide = k > 256 and wide_tile_pays(blocks, n) and not group_loop_64
         programs = blocks * triton.cdiv(n, 64)  # (a group-loop tile's 64-row grid)
-        from .w4a16_sm90 import INDEXED_WS_TILES
+        from .hopper import INDEXED_WS_TILES
 
         # a four-warpgroup tile runs warp-specialized where that engine has it (`INDEXED_WS_TILES`)
         ws = (block_m in _WS_BLOCKS and not group_loop_64
@@ -401,7 +401,7 @@ def _pregather_wanted(n: int, k: int, forced: str) -> bool:
 def _with_pregather(cfg: W4A16Config, k: int, forced: str, want: bool) -> W4A16Config:
     """`cfg` with `pregather` set where `want` (`_pregather_wanted`) and its tile has the form
     (`w4a16_sm90.pregather_ok`; `_fit_engine` picked that tile), the reason saying why or why not."""
-    from .w4a16_sm90 import pregather_ok
+    from .hopper import pregather_ok
 
     tile = (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages)
     can = cfg.engine == "gluon_rs" and pregather_ok(tile, k, split_k=cfg.split_k)
@@ -416,7 +416,7 @@ def _with_pregather(cfg: W4A16Config, k: int, forced: str, want: bool) -> W4A16C
 
 def _engine_tiles(engine: str) -> tuple:
     """The (weight rows, routing block, warps, stages) tiles a Gluon engine's kernel is built for."""
-    from .w4a16_sm90 import INDEXED_RS_TILES, INDEXED_TILES, INDEXED_WS_TILES
+    from .hopper import INDEXED_RS_TILES, INDEXED_TILES, INDEXED_WS_TILES
 
     return {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
 
@@ -449,7 +449,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
         engine = "gluon_rs"
     if engine == "gluon_rs" and not any(t[1] == cfg.block_m for t in _engine_tiles("gluon_rs")):
         engine = "gluon"
-    from .w4a16_sm90 import group_loop_tile, half_acts_note, nloop_n_tiles, nloop_tail_rows, runs_nloop, tail_rows
+    from .hopper import group_loop_tile, half_acts_note, nloop_n_tiles, nloop_tail_rows, runs_nloop, tail_rows
 
     tiles = _engine_tiles(engine)
     if engine in REGISTER_A_ENGINES and k <= 256:
@@ -460,7 +460,7 @@ def _fit_engine(cfg: W4A16Config, env: tuple, k: int, wide: bool = False,
     if engine == "gluon_rs" and not env_value(env, "num_stages"):
         tile, note = group_loop_tile(tile, programs, k, family="" if env_value(env, "block_n") else profile)
     if pregather and k > 256 and engine in REGISTER_A_ENGINES:
-        from .w4a16_sm90 import PREGATHER_BLOCK_TILES, PREGATHER_TILES
+        from .hopper import PREGATHER_BLOCK_TILES, PREGATHER_TILES
 
         forced = env_value(env, "engine") or env_value(env, "block_n") or env_value(env, "num_stages")
         if not forced and cfg.block_m in PREGATHER_BLOCK_TILES:
@@ -633,7 +633,7 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
                   routing_ready: bool = False, slot_order: bool = False) -> None:
     """The Hopper Gluon kernels (`w4a16_sm90`): a CUDA sm_90 device, one of their tiles. engine
     ``gluon``: dequantized weights through shared memory; ``gluon_rs``: in registers."""
-    from .w4a16_sm90 import PREGATHER_TILES, w4a16_indexed_sm90_launch
+    from .hopper import PREGATHER_TILES, w4a16_indexed_sm90_launch
 
     regs_a = config.engine in REGISTER_A_ENGINES
     tiles = _engine_tiles(config.engine) + (PREGATHER_TILES if config.pregather else ())
@@ -662,7 +662,7 @@ def _launch_gluon(a, w, sorted_ids, expert_ids, ntpp, top_k, topk_weights, out, 
 def _rs_splits(engine: str, tile: tuple, k: int, split: int) -> bool:
     """Whether the Gluon `engine` splits K `split` ways for `tile`: the register-A kernel's main
     loop only (not warp-specialized, not the one-step N loop), every share non-empty."""
-    from .w4a16_sm90 import k_split_ok, runs_nloop
+    from .hopper import k_split_ok, runs_nloop
 
     return engine == "gluon_rs" and not runs_nloop(tile, k) and k_split_ok(k, split)
 
@@ -679,7 +679,7 @@ def _splitk_reduce(ws, out, sorted_ids, expert_ids, ntpp, block_m: int, block_n:
 def compile_configs():
     """Every configuration the heuristics can pick, plus the split-K path (reachable through
     ``LOWBIT_W4A16_SPLIT_K``; not yet picked by the heuristics: no GPU measurement yet)."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     sig = {"a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
            "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32",

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..routing.layouts import (
+from .layouts import (
     ContiguousRouting,
     IndexedRouting,
     MaskedRouting,
@@ -39,8 +39,8 @@ from ..routing.layouts import (
     max_contiguous_rows,
     max_num_tokens_padded,
 )
-from . import numerics
-from .pdl import launch_options, pdl_enabled, release_next, wait_prior
+from ..runtime import numerics
+from ..runtime.pdl import launch_options, pdl_enabled, release_next, wait_prior
 
 __all__ = ["moe_align_block_size_triton", "build_contiguous_triton", "build_masked_triton", "gather_indexed_rows"]
 
@@ -422,7 +422,7 @@ def compile_configs():
     """Every configuration the builders launch, for the compile tier: expert-count paddings of
     the Kimi K2.x profiles (48 local -> 64, 384 global -> 512) x layouts x expert_map; the
     one-launch indexed path at its smallest and largest route padding."""
-    from .compile_tier import KernelConfig
+    from ..kernels.compile_tier import KernelConfig
 
     cfgs = []
     for e_pad in (64, 512):

@@ -52,7 +52,7 @@ Measured on the H200 (sixth session, CUDA graph, decode point b=64 h=64 top-k 20
 `_config_cached` has the sweep. The per-tile rows of `TILE_TABLE` come from the compile tier.
 
 Engines (`SparseAttnConfig.engine`): ``"triton"`` (this kernel, every tier) and ``"gluon"``
-(`lowbit.kernels.sparse_attn_sm90`: d = 512, 64-head tiles, the KV gather in its own warps;
+(`lowbit.kernels.attention.hopper`: d = 512, 64-head tiles, the KV gather in its own warps;
 the default on sm_90 for > 32 heads, `gluon_capable`; H200 fourteenth session: decode 62.5 us,
 prefill b=1 s=1024 578 us, 1.45x / 1.9x this kernel). The Triton kernel's split shares go
 through the workspace and `_sparse_attn_combine_kernel`; the Gluon kernel folds them itself
@@ -70,8 +70,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import numerics, tuning
-from .sm90 import num_sms
+from ...runtime import numerics, overrides
+from ...runtime.device import num_sms
 
 __all__ = [
     "sparse_attn",
@@ -262,11 +262,11 @@ TILE_TABLE: dict[int, tuple[int, int, int, bool]] = {
 _OVERRIDE_FIELDS = ("heads_per_program", "block_kv", "num_warps", "num_stages", "swap_ab", "split_kv", "engine")
 
 #: ``LOWBIT_SPARSE_ATTN_HEADS_PER_PROGRAM`` ... : tuning overrides, each part of the memo key.
-ENV_OVERRIDES = tuning.override_names("SPARSE_ATTN", _OVERRIDE_FIELDS)
+ENV_OVERRIDES = overrides.override_names("SPARSE_ATTN", _OVERRIDE_FIELDS)
 
 
 def _env_key() -> tuple:
-    return tuning.env_key("SPARSE_ATTN", _OVERRIDE_FIELDS)
+    return overrides.env_key("SPARSE_ATTN", _OVERRIDE_FIELDS)
 
 
 def _check_config(cfg: SparseAttnConfig) -> SparseAttnConfig:
@@ -284,7 +284,7 @@ def _check_config(cfg: SparseAttnConfig) -> SparseAttnConfig:
     if cfg.engine not in ("triton", "gluon"):
         raise ValueError(f"engine must be 'triton' or 'gluon', got {cfg.engine!r}")
     if cfg.engine == "gluon":
-        from .sparse_attn_sm90 import GLUON_TILES, HEADS  # noqa: PLC0415 (Gluon imported only when asked for)
+        from .hopper import GLUON_TILES, HEADS  # noqa: PLC0415 (Gluon imported only when asked for)
 
         if cfg.heads_per_program != HEADS or (cfg.block_kv, cfg.num_stages) not in GLUON_TILES \
                 or cfg.num_warps != 8 or cfg.swap_ab:
@@ -298,7 +298,7 @@ def _fit_engine(cfg: SparseAttnConfig) -> SparseAttnConfig:
     (64 heads, 8 warps; the asked (block_kv, num_stages) if it has them, else its first)."""
     if cfg.engine != "gluon":
         return cfg
-    from .sparse_attn_sm90 import GLUON_TILES, HEADS  # noqa: PLC0415
+    from .hopper import GLUON_TILES, HEADS  # noqa: PLC0415
 
     bk, stages = (cfg.block_kv, cfg.num_stages) if (cfg.block_kv, cfg.num_stages) in GLUON_TILES else GLUON_TILES[0]
     return replace(cfg, heads_per_program=HEADS, block_kv=bk, num_stages=stages, num_warps=8, swap_ab=False)
@@ -309,7 +309,7 @@ def _apply_env_overrides(cfg: SparseAttnConfig) -> SparseAttnConfig:
         v = os.environ.get(name)
         if not v:
             continue
-        val = tuning.parse_override(name, v, getattr(cfg, field))
+        val = overrides.parse_override(name, v, getattr(cfg, field))
         if field == "heads_per_program" and val in TILE_TABLE:
             # a new head tile brings its own table row; later overrides still apply on top
             bk, warps, stages, swap = TILE_TABLE[val]
@@ -374,7 +374,7 @@ def sparse_attn_config(b: int, s: int, h: int, device: str | torch.device = "cpu
 def gluon_capable(q: torch.Tensor, kv: torch.Tensor) -> bool:
     """Whether the Gluon engine can run: an sm_90 GPU (not the interpreter), d = 512, kv rows
     16-byte aligned."""
-    from .sm90 import is_sm90_native  # noqa: PLC0415
+    from ...runtime.device import is_sm90_native  # noqa: PLC0415
 
     return (is_sm90_native(q.device) and q.shape[-1] == 512 and kv.stride(1) % 8 == 0
             and kv.data_ptr() % 16 == 0)
@@ -415,8 +415,8 @@ def kernel_args(q, kv, sink, topk_idxs, dst, out, qk_scale: float, per: int) -> 
 def _launch_gluon(q, kv, sink, topk_idxs, out, qk_scale: float, per: int, splits: int,
                   config: SparseAttnConfig) -> None:
     """The Hopper Gluon kernel (`sparse_attn_sm90`): an sm_90 GPU, d = 512, 16-byte aligned rows."""
-    from .sm90 import require_sm90  # noqa: PLC0415
-    from .sparse_attn_sm90 import HEAD_DIM, sparse_attn_sm90_launch  # noqa: PLC0415
+    from ...runtime.device import require_sm90  # noqa: PLC0415
+    from .hopper import HEAD_DIM, sparse_attn_sm90_launch  # noqa: PLC0415
 
     require_sm90(q.device, "sparse_attn engine='gluon'")
     if q.shape[3] != HEAD_DIM:
@@ -528,7 +528,7 @@ def compile_configs():
     """Every configuration the heuristics can pick (d = 512, heads 16..128 -> tiles of 16, 32,
     64), unsplit and split (the FP32 share written to the workspace), and the combine kernel,
     for the compile tier."""
-    from .compile_tier import KernelConfig
+    from ..compile_tier import KernelConfig
 
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "sink_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*bf16",
            "H": "i32", "N": "i32", "TOPK": "i32", "S": "i32",
