@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from lowbit.testing import fresh_seed, interpreter_active, make_generator  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and not interpreter_active()
+ON_SM90 = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 DEVICE = "cuda" if ON_GPU else "cpu"
 
 
@@ -32,12 +33,15 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if ON_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (runs on the H200 tier: scripts/gpu_tier.sh)")
+    """``gpu`` tests need a CUDA GPU; ``sm90`` tests need Hopper's native engines (Gluon, wgmma,
+    TMA). Both are skipped with the reason elsewhere, never silently."""
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (GPU tier: scripts/gpu_tier.sh)")
+    skip_sm90 = pytest.mark.skip(reason="needs an sm_90 GPU for the Hopper engines (GPU tier: scripts/gpu_tier.sh)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not ON_GPU:
+            item.add_marker(skip_gpu)
+        elif "sm90" in item.keywords and not ON_SM90:
+            item.add_marker(skip_sm90)
 
 
 @pytest.fixture
