@@ -12,7 +12,7 @@ family), `layers` (`moe_experts`, `linear`), `models`, `testing`, `bench` and th
 
 from importlib import import_module
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 from . import formats  # noqa: E402,F401
 from .formats import FormatError  # noqa: E402,F401

@@ -104,7 +104,7 @@ def _humming_info() -> tuple[str | None, str | None]:
 def collect_env(device: torch.device | None = None) -> dict[str, Any]:
     """Versions and the GPU, for ``python -m lowbit env`` and every result row.
     Touches CUDA only if it is available (this is called from the CLI, never at import)."""
-    from .. import __version__  # noqa: PLC0415
+    from .._version import __version__  # noqa: PLC0415
 
     try:
         import triton  # noqa: PLC0415

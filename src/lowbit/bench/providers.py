@@ -372,7 +372,7 @@ class LowbitProvider(Provider):
         return None if mod is None else getattr(mod, self.ENTRY_POINTS[layout][1], None)
 
     def version(self) -> str | None:
-        from .. import __version__  # noqa: PLC0415
+        from .._version import __version__  # noqa: PLC0415
 
         return __version__
 

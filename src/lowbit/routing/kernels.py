@@ -422,7 +422,7 @@ def compile_configs():
     """Every configuration the builders launch, for the compile tier: expert-count paddings of
     the Kimi K2.x profiles (48 local -> 64, 384 global -> 512) x layouts x expert_map; the
     one-launch indexed path at its smallest and largest route padding."""
-    from ..kernels.compile_tier import KernelConfig
+    from ..runtime.kernel_config import KernelConfig
 
     cfgs = []
     for e_pad in (64, 512):
