@@ -28,14 +28,18 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..testing import cos_diff, rel_fro_err
 from .cases import (
     BF16_CEILING_TFLOPS,
     HBM_READ_CEILING_TBS,
+    CASES,
     BenchCase,
     Problem,
     build_problem,
     clear_weight_cache,
 )
+from .. import routing
+from .ops import FAMILIES, OP_CASES, build_op_problem, clear_op_caches, crossover_summary, is_op_case, op_providers
 from .providers import PROVIDERS, Provider
 from .timing import Timing, measure, measure_interleaved
 
@@ -143,32 +147,6 @@ def collect_env(device: torch.device | None = None) -> dict[str, Any]:
 
 
 # -- correctness ---------------------------------------------------------------------------
-def _rel_fro_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    try:
-        from ..testing import rel_fro_err  # noqa: PLC0415
-
-        return rel_fro_err(x, ref)
-    except ImportError:  # lowbit.testing not there yet: same formula
-        x64, r64 = x.double(), ref.double()
-        if not torch.isfinite(x64).all():
-            return float("inf")
-        den = r64.norm()
-        return float((x64 - r64).norm() / den) if den else (0.0 if x64.norm() == 0 else float("inf"))
-
-
-def _cos_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
-    try:
-        from ..testing import cos_diff  # noqa: PLC0415
-
-        return cos_diff(x, ref)
-    except ImportError:
-        x64, r64 = x.double().flatten(), ref.double().flatten()
-        if not torch.isfinite(x64).all():
-            return float("inf")
-        den = (x64 * x64).sum() + (r64 * r64).sum()
-        return float(1 - 2 * (x64 * r64).sum() / den) if den else 0.0
-
-
 def refcheck(out: torch.Tensor, problem: Problem, tol: float = REFCHECK_TOL) -> tuple[bool, float, float, str]:
     """Compare the routed rows of a provider's output ``[out_rows, N]`` with the FP32
     reference. Returns (passed, rel_fro_err, cos_diff, message)."""
@@ -178,7 +156,7 @@ def refcheck(out: torch.Tensor, problem: Problem, tol: float = REFCHECK_TOL) -> 
     rows = problem.route_out
     got = out.index_select(0, rows).float()
     ref = problem.reference().index_select(0, rows)
-    rel, cos = _rel_fro_err(got, ref), _cos_diff(got, ref)
+    rel, cos = rel_fro_err(got, ref), cos_diff(got, ref)
     ok = rel <= tol
     return ok, rel, cos, "" if ok else f"rel_fro_err {rel:.3e} > {tol:.0e}"
 
@@ -363,7 +341,6 @@ def run_bench(
     reason is reported through `progress`); a provider that raises gives a row with status
     ``error``; one that fails the reference check gives ``FAIL`` and is not timed.
     """
-    from .ops import FAMILIES, is_op_case  # noqa: PLC0415
 
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -498,7 +475,6 @@ def _run_op_cases(
     """The op families (`lowbit.bench.ops`): one problem per case, one row per provider whose
     group (lowbit / humming / torch) or name is in `provider_names`; same statuses as the
     W4A16 rows (``ok`` / ``FAIL`` not timed / ``error``), baseline named on every row."""
-    from .ops import FAMILIES, build_op_problem, clear_op_caches, op_providers  # noqa: PLC0415
 
     rows: list[dict[str, Any]] = []
     instances: dict[str, list[Any]] = {}
@@ -610,7 +586,6 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             out.append("")
         prev_case = line[0]
         out.append(render(line))
-    from .ops import crossover_summary  # noqa: PLC0415
 
     extra = crossover_summary(rows)
     return "\n".join(out + (["", extra] if extra else []))
@@ -699,7 +674,6 @@ def format_checks(results: list[dict[str, Any]]) -> str:
 def _check_providers() -> list[tuple[str, bool, str]]:
     """The harness and the kernels on the CPU: the torch provider and every lowbit W4A16
     kernel that exists (Triton interpreter) vs the FP32 reference, on the smoke cases."""
-    from .cases import CASES  # noqa: PLC0415
 
     out = []
     for name in ("smoke_indexed", "smoke_contiguous", "smoke_masked"):
@@ -738,7 +712,6 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
 @register_cpu_check("routing-triton-vs-ref")
 def _check_routing() -> list[tuple[str, bool, str]]:
     """The Triton routing builders (interpreter) equal the PyTorch references bit for bit."""
-    from .. import routing  # noqa: PLC0415
 
     out = []
     for label, ids, e, bs in _topk_draws():
@@ -764,7 +737,6 @@ def _check_op_families() -> list[tuple[str, bool, str]]:
     """The issue-5/6 op families on tiny shapes (``smoke_*`` op cases): every provider that
     runs without a GPU (lowbit kernels through the interpreter, the torch baselines) against
     its reference, through the same prepare / run / check path the GPU bench takes."""
-    from .ops import OP_CASES, build_op_problem, clear_op_caches, op_providers  # noqa: PLC0415
 
     out = []
     for case in OP_CASES:

@@ -46,6 +46,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from .. import routing
+from ..testing import cos_diff, rel_fro_err
 from .cases import BenchCase, ByteModel
 from .opcases import COPY_CEILING_TBS, FP8_CEILING_TFLOPS, OP_CASE_NAMES, OP_CASES, OpCase
 
@@ -110,9 +112,7 @@ def _gen(seed: int, tag: str) -> torch.Generator:
 
 
 def _rel_cos(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    from .driver import _cos_diff, _rel_fro_err  # noqa: PLC0415
-
-    return _rel_fro_err(x, ref), _cos_diff(x, ref)
+    return rel_fro_err(x, ref), cos_diff(x, ref)
 
 
 def _compare_dense(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, str]:
@@ -567,7 +567,6 @@ class DecodeHummingIndexed(OpProvider):
         return self._layers[key]
 
     def prepare(self, problem: OpProblem) -> None:
-        from .. import routing  # noqa: PLC0415
         from ..kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
 
         tune = importlib.import_module("humming.tune")
