@@ -2,8 +2,11 @@
 for sm_90a, with its registers, spills, shared memory, matrix-instruction counts and a hash of
 its SASS opcode stream (function names left out, so moving a kernel between modules keeps it).
 
-    python scripts/compile_table.py --write docs/results/compile_table_sm90.json
-    python scripts/compile_table.py --check docs/results/compile_table_sm90.json
+    python scripts/compile_table.py --write docs/results/compile_table_sm90_triton-3.6.0.json
+    python scripts/compile_table.py --check docs/results/compile_table_sm90_triton-3.6.0.json
+
+A change that moves, splits or renames code must leave ``--check`` green; a change to a kernel
+rewrites the table in the same commit, so the diff shows what the compiler now builds.
 
 ``--check`` exits 1 and prints the differing rows when any configuration changed. It runs
 without ``TRITON_INTERPRET`` (the interpreter replaces the JIT functions).
