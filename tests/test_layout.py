@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: layers from the bottom up; a module may import its own layer and those below it
 LAYERS = [
-    ("lowbit.runtime", "lowbit._version"),
+    ("lowbit.runtime", "lowbit._version", "lowbit.errors"),
     ("lowbit.formats",),
     ("lowbit.routing.layouts",),
     ("lowbit.reference",),

@@ -20,6 +20,8 @@ from typing import ClassVar
 
 import torch
 
+from ..errors import FormatError
+
 __all__ = [
     "FormatError",
     "QuantizedTensor",
@@ -30,8 +32,6 @@ __all__ = [
 ]
 
 
-class FormatError(ValueError):
-    """A tensor does not match the format, or the scheme asked for is not supported."""
 
 
 @dataclass
