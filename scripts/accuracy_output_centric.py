@@ -1,8 +1,9 @@
-"""Accuracy of the output-centric MoE decode against the expert-centric paths (seed 001's second claim).
+"""Accuracy of the output-centric MoE decode against the expert-centric paths.
 
-Seed 001 reports that warp decode's outputs are 1.4x closer to a full 32-bit reference than the
-classic expert-centric path (which quantizes activations to MXFP8 before each GEMM), with min
-cosine similarity > 0.999996. This script measures the same thing for lowbit, on the CPU,
+The output-centric ("warp decode") design reports that its outputs are 1.4x closer to a full
+32-bit reference than the classic expert-centric path (which quantizes activations to MXFP8
+before each GEMM), with min cosine similarity > 0.999996. This script measures the same thing
+for lowbit, on the CPU (or with ``--gpu-kernels`` on the GPU, the library's layers included),
 against an FP64 reference of the *same quantized weights* (so weight quantization is not
 counted; only what each path does to activations, intermediates and sums):
 
@@ -13,8 +14,8 @@ counted; only what each path does to activations, intermediates and sums):
        accumulation, intermediate ``bf16(SiLU(g) * u)``, routing weights folded into one FP32
        accumulator, one final BF16 rounding.
   (a32) (a) with exactly dequantized weights: what an INT4 kernel that dequantizes in FP32
-       instead of through `int4_dequant.dequant_pair` would give (for MXFP8 it is (a)).
-  (b)  classic expert-centric, MXFP8 activations (the seed's baseline): hidden quantized to
+       instead of through `lowbit.kernels.w4a16.int4.dequant_pair` would give (for MXFP8 it is (a)).
+  (b)  classic expert-centric, MXFP8 activations (the report's baseline): hidden quantized to
        MXFP8 (E4M3 + E8M0 per 32, `lowbit.formats.mxfp8`) before gate_up; gate_up output stored
        in BF16; ``bf16(SiLU(g) * u)`` quantized to MXFP8 before down; per-route down output
        stored in BF16 (the per-expert buffer); FP32 weighted combine; BF16 out. The weights
@@ -67,7 +68,7 @@ PATHS = ("a", "b", "c", "a32")
 PATH_NAMES = {
     "a": "output-centric (BF16 act, FP32 acc, bf16 intermediate)",
     "a32": "(a) with the weights dequantized exactly in FP32 (INT4: no bf16 rounding of (q - 8) * s)",
-    "b": "expert-centric, MXFP8 activations (seed's classic path)",
+    "b": "expert-centric, MXFP8 activations (the classic path)",
     "c": "expert-centric, BF16 activations (indexed W4A16 numerics)",
 }
 
@@ -95,7 +96,7 @@ def make_expert(fmt: str, e: int, hidden: int, inter: int, seed: int, device: st
         f = get_format("int4_g32")
         q13, q2 = f.quantize(r13), f.quantize(r2)
         d13, d2 = q13.dequantize(), q2.dequantize()
-        eff13, eff2 = bf16(d13), bf16(d2)  # int4_dequant.dequant_pair rounds (q - 8) * s to bf16
+        eff13, eff2 = bf16(d13), bf16(d2)  # lowbit.kernels.w4a16.int4.dequant_pair rounds (q - 8) * s to bf16
     else:
         q13, q2 = quantize_mxfp8(r13), quantize_mxfp8(r2)
         d13, d2 = dequantize_mxfp8(*q13), dequantize_mxfp8(*q2)

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The H200 tier in one command: install the Humming baseline and lowbit, run the whole test
 # suite natively on the GPU, then the default benchmark; logs and results go under $OUT.
-# Run it through the device tool (docs/gpu.md):  bash scripts/gpu_tier.sh   (carry: .whl)
+# Run it on the GPU machine (docs/gpu.md):  bash scripts/gpu_tier.sh   (the Humming wheel in .whl/)
 #
 # Knobs (environment):
-#   OUT            output folder (the device tool sets it; default ./gpu_out)
+#   OUT            output folder (default ./gpu_out)
 #   STEPS          which steps, default "tests bench"
 #   TESTS          pytest targets, default "tests"; PYTEST_ARGS extra pytest arguments (split on
 #                  spaces: no quoting); PYTEST_K a -k expression (may contain spaces)
 #   BENCH_ARGS     extra `python -m lowbit bench` arguments (e.g. "--cases ep8_indexed_t20")
 #   SWEEPS         plans for the "sweeps" step (default scripts/sweeps/*.json; docs/gpu.md)
 #   TEST_TIMEOUT / BENCH_TIMEOUT / SWEEP_TIMEOUT   seconds per step (defaults 330 / 240 / 240:
-#                  one device call is <= 600 s)
-#   LOWBIT_COMMIT  commit id to stamp on the rows (.git does not travel to the device)
+#                  the three fit in a 600 s command limit)
+#   LOWBIT_COMMIT  commit id to stamp on the rows (where the tree has no .git)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -20,7 +20,7 @@ STEPS="${STEPS:-tests bench}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
-# 1. Humming (optional baseline): the wheel carried in .whl/, installed beside the image's torch.
+# 1. Humming (optional baseline): the wheel in .whl/, installed beside the image's torch.
 if ls .whl/*.whl >/dev/null 2>&1; then
     if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; then
         export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -28,7 +28,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         echo "warning: humming wheel did not install: the humming provider will report unavailable"
     fi
 else
-    echo "warning: no .whl/*.whl carried: the humming provider will report unavailable"
+    echo "warning: no .whl/*.whl: the humming provider will report unavailable"
 fi
 
 # 2. lowbit itself, editable, against the image's torch/triton (no dependency resolution).

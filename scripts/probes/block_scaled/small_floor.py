@@ -4,7 +4,7 @@ a read before each call), beside the fp4_gemm mma engine with its K split and wi
 Rows: an empty kernel (the harness floor); a Triton kernel reading the FP4 weight's bytes once
 (16-byte loads, a few programs an SM: the bandwidth floor of the same bytes after a flush); the
 split-K reduction alone (`fp8_gemm.splitk_reduce`, the engine's second launch); the mma engine
-at the heuristic's split and at other splits. Usage: python scripts/probes/small_floor.py"""
+at the heuristic's split and at other splits. Usage: python scripts/probes/block_scaled/small_floor.py"""
 import torch
 import triton
 import triton.language as tl

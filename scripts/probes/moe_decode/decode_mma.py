@@ -1,6 +1,6 @@
 """The tensor-core output-centric decode stages, one at a time (a probe, not a benchmark).
 
-    python scripts/probes/decode_mma.py [mxfp8] [tokens ...]
+    python scripts/probes/moe_decode/decode_mma.py [mxfp8] [tokens ...]
 
 Kimi EP8 (48 experts, H 7168, I 2048, top-8), CUDA graph, L2 flushed by a read. For each batch
 and tile: gate_up and down of the ``mma`` engine alone, as us and TB/s of the bytes of the
