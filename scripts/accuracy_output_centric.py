@@ -168,7 +168,7 @@ def pack_layer(fmt: str, q13s: list, q2s: list):
     ``mma`` engine's k256-interleaved layout on a GPU, the natural one elsewhere (the
     interpreter's engines)."""
     from lowbit.formats.w4a16 import pack_w4a16
-    from lowbit.kernels.moe_decode.op import pack_mxfp8_experts
+    from lowbit.formats import pack_mxfp8_experts
 
     if fmt == "int4":
         return tuple(pack_w4a16(torch.stack([q.codes for q in qs]), torch.stack([q.scales for q in qs]))
@@ -221,7 +221,8 @@ def measure(fmt, num_experts, hidden, inter, top_k, batches, seed, log=print, de
 def kernel_check(fmt, seed, log=print):
     """Run the Triton kernels on a small shape and compare with emulation (a) and the reference."""
     from lowbit.formats.w4a16 import pack_w4a16
-    from lowbit.kernels.moe_decode.op import DecodeConfig, moe_decode, pack_mxfp8_experts
+    from lowbit.formats import pack_mxfp8_experts
+    from lowbit.kernels.moe_decode.op import DecodeConfig, moe_decode
 
     e_n, h, inter, m, k = 8, 512, 256, 4, 4
     dev = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,2 +1,50 @@
 """Helpers shared by the test files: problem builders and device checks that more than one
 family's tests use. Family-specific builders stay beside their tests."""
+
+import torch
+
+from lowbit.formats import QuantizedTensor, get_format, pack_mxfp8_experts
+from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.testing import random_topk_ids, random_topk_weights
+
+
+# --------------------------------------------------------------------------- MoE experts
+def moe_expert_weights(fmt: str, e: int, h: int, inter: int, gen: torch.Generator, device):
+    """Random expert weights ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` prepared for the MoE kernels.
+
+    fmt: ``"int4"`` (`pack_w4a16`, profile "indexed"), ``"mxfp8"`` (natural layout) or
+    ``"mxfp8_k256"`` (the mma engine's interleaved layout of the same codes). Returns (w13, w2
+    prepared on `device`; q13, q2 the logical `QuantizedTensor`s on the CPU; r13, r2 the
+    kernels' effective real weights on the CPU: INT4 dequantized to ``bf16((q - 8) * s)``,
+    MXFP8 exactly)."""
+    r13 = torch.randn(e, 2 * inter, h, generator=gen) * 0.05
+    r2 = torch.randn(e, h, inter, generator=gen) * 0.05
+    if fmt == "int4":
+        int4 = get_format("int4_g32")
+        q13, q2 = int4.quantize(r13), int4.quantize(r2)
+        k13, k2 = pack_w4a16(q13).to(device), pack_w4a16(q2).to(device)
+        eff = lambda q: q.dequantize().to(torch.bfloat16).float()  # noqa: E731
+    else:
+        layout = "k256-interleaved" if fmt == "mxfp8_k256" else "natural"
+        k13 = pack_mxfp8_experts(r13, layout=layout).to(device)
+        k2 = pack_mxfp8_experts(r2, layout=layout).to(device)
+        q13, q2 = k13.as_quantized(), k2.as_quantized()
+        eff = lambda q: q.dequantize()  # noqa: E731
+    q13, q2 = (QuantizedTensor(q.codes.cpu(), q.scales.cpu(), q.fmt) for q in (q13, q2))
+    return k13, k2, q13, q2, eff(q13), eff(q2)
+
+
+def moe_edge_routing(m: int, k: int, e: int, gen: torch.Generator):
+    """``(topk_ids int32 [m, k], topk_weights fp32 [m, k], ref_ids)``: distinct experts per token
+    among the first E - 1 (the last expert gets no route), then the edges: a dropped slot (-1,
+    token 1), an id past the local experts (token 4: dropped too), a token listing one expert
+    twice (token 3: each slot counts), weights not summing to 1 (one negative, token 2).
+    ref_ids: the ids with every dropped slot as -1 (what the reference takes). Needs m >= 5, k >= 3."""
+    ids = random_topk_ids(m, k, e - 1, generator=gen)
+    ids[1, 2] = -1
+    ids[4, 0] = e + 3
+    ids[3, 1] = ids[3, 0]
+    tw = random_topk_weights(m, k, generator=gen) * 1.7
+    tw[2, 1] = -0.4
+    ref_ids = torch.where((ids >= 0) & (ids < e), ids, -1)
+    return ids, tw, ref_ids

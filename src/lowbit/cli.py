@@ -203,7 +203,7 @@ def _show_config_sections():
     from lowbit.kernels import quant, sinkhorn
     from lowbit.kernels.attention import sparse_attn
     from lowbit.kernels.block_scaled import fp4 as fp4_gemm, fp8 as fp8_gemm
-    from lowbit.kernels.moe_decode import op as moe_decode
+    from lowbit.kernels.moe_decode import heuristics as moe_decode
     from lowbit.kernels.w4a16 import grouped as w4a16_grouped, indexed as w4a16_indexed
 
     yield "w4a16_indexed", w4a16_indexed.ENV_OVERRIDES, [

@@ -18,9 +18,9 @@ import torch
 
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure
+from lowbit.formats import pack_mxfp8_experts
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.moe_decode.op import (DecodeConfig, moe_decode_config, moe_decode_down, moe_decode_gate_up,
-                                      pack_mxfp8_experts)
+from lowbit.kernels.moe_decode.op import DecodeConfig, moe_decode_config, moe_decode_down, moe_decode_gate_up
 from lowbit.testing import random_topk_ids, random_topk_weights
 
 E, H, I, K = 48, 7168, 2048, 8

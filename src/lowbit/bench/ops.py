@@ -186,7 +186,7 @@ def _mxfp8_weight(e: int, n: int, k: int, device: torch.device):
         codes[i] = (torch.randn(n, k, generator=gen, device=device) * 2).to(torch.float8_e4m3fn)
     base = 127 + round(math.log2(1.0 / (2.0 * 2.0 * math.sqrt(k))))
     scales = (base + torch.randint(-1, 1, (e, n, k // MX_GROUP), generator=gen, device=device)).to(torch.uint8)
-    from ..kernels.moe_decode.op import Mxfp8ExpertWeight  # noqa: PLC0415
+    from ..formats.moe_mxfp8 import Mxfp8ExpertWeight  # noqa: PLC0415
 
     w = Mxfp8ExpertWeight(codes, scales)
     _MX_CACHE[key] = w
@@ -447,7 +447,7 @@ class _DecodeBase(OpProvider):
         return self._cached_pack(problem, "indexed", lambda w: pack_w4a16(w, profile="indexed"))
 
     def _mxfp8_interleaved(self, problem: OpProblem) -> tuple[Any, Any]:
-        from ..kernels.moe_decode.op import pack_mxfp8_experts  # noqa: PLC0415
+        from ..formats.moe_mxfp8 import pack_mxfp8_experts  # noqa: PLC0415
 
         return self._cached_pack(problem, "k256", lambda w: pack_mxfp8_experts((w.codes, w.scales_e8m0),
                                                                                 layout="k256-interleaved"))

@@ -26,6 +26,8 @@ from .fp4 import (
     unpack_fp4,
 )
 from .mxfp8 import dequantize_mxfp8, quantize_mxfp8
+from .moe_mxfp8 import Mxfp8ExpertWeight, pack_mxfp8_experts
+from .experts import check_expert_weight, check_expert_weight_pair
 
 __all__ = [
     "FORMATS",
@@ -53,4 +55,8 @@ __all__ = [
     "dequantize_nvfp4",
     "quantize_mxfp8",
     "dequantize_mxfp8",
+    "Mxfp8ExpertWeight",
+    "pack_mxfp8_experts",
+    "check_expert_weight",
+    "check_expert_weight_pair",
 ]

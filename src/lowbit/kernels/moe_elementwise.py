@@ -20,9 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..routing.kernels import gather_indexed_rows
 from ..routing.layouts import IndexedRouting
 from ..runtime import numerics
 from ..runtime.pdl import launch_options, pdl_enabled, release_next, wait_prior
+from .compile_tier import KernelConfig
 
 __all__ = ["silu_mul", "combine_topk"]
 
@@ -92,7 +94,8 @@ def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None, routing: Inde
     the rows in that routing's slot order instead, ``out[s] = SiLU * up of gu[sorted_token_ids[s]]``
     for the route slots of live blocks (``bf16 [P, I]``, P = ``sorted_token_ids.numel()``; other
     rows unspecified): the input of `w4a16_indexed(..., slot_order_routes=R)`, whose pre-gathered
-    engine then skips its own gather (`moe_routing.gather_indexed_rows`, one pass for both)."""
+    engine then skips its own gather (`lowbit.routing.kernels.gather_indexed_rows`, one pass for
+    both)."""
     if not isinstance(gu, torch.Tensor) or gu.dtype != torch.bfloat16 or gu.dim() != 2:
         raise TypeError(f"gu must be bf16 [R, 2I], got {getattr(gu, 'dtype', type(gu).__name__)} "
                         f"{tuple(getattr(gu, 'shape', ()))}")
@@ -103,8 +106,6 @@ def silu_mul(gu: torch.Tensor, *, out: torch.Tensor | None = None, routing: Inde
         raise ValueError("gu must be contiguous along its columns")
     inter = two_i // 2
     if routing is not None:
-        from ..routing.kernels import gather_indexed_rows  # noqa: PLC0415
-
         if routing.num_routes != r:
             raise ValueError(f"routing has {routing.num_routes} routes, gu has {r} rows (the down projection's "
                              f"routing: one route a gate_up row)")
@@ -161,11 +162,9 @@ def combine_topk(y: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
     return out
 
 
-def compile_configs():
+def compile_configs() -> list[KernelConfig]:
     """Both kernels at the Kimi K2.x widths (SiLU over I = 2048, combine over H = 7168), for
     the compile tier."""
-    from .compile_tier import KernelConfig  # noqa: PLC0415
-
     pdl_ptx = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
     return [cfg for pdl in (False, True) for cfg in (
         KernelConfig(f"moe_silu_mul[I=2048,PDL={int(pdl)}]", _silu_mul_kernel,

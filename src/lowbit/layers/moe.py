@@ -8,23 +8,22 @@ round_intermediate=True)`)::
 
 Paths:
 
-- ``"output_centric"``: `lowbit.kernels.moe_decode.op` (issue 5). Two kernels organized around
+- ``"output_centric"``: `lowbit.kernels.moe_decode.op.moe_decode`. Two kernels organized around
   outputs, the combine folded into the second. INT4 (`W4A16Weight`, profile ``"indexed"``)
-  or MXFP8 (`Mxfp8ExpertWeight`) weights.
+  or MXFP8 (`lowbit.formats.Mxfp8ExpertWeight`) weights.
 - ``"indexed"``: routing (`lowbit.routing.moe_align_block_size`), `w4a16_indexed` gate_up,
   `silu_mul`, `w4a16_indexed` down, `combine_topk`. Five launches, INT4 only, on the same
   prepared weights. On Hopper they chain with programmatic dependent launch
   (`lowbit.runtime.pdl`): each starts while the previous one finishes, and down, whose routing
   was built before gate_up, streams its first weight steps before it waits for `silu_mul`
-  (H200 Kimi EP8: 1.02-1.07x plain launches at 1-32 tokens). Where down runs on pre-gathered
-  rows (prefill: `W4A16Config.pregather`), `silu_mul` writes its rows in down's slot order
-  (``routing=``), which saves down's own gather.
+  (H200, 2026-11-30, commit f59fc99, Kimi EP8: 1.02-1.07x plain launches at 1-32 tokens). Where
+  down runs on pre-gathered rows (prefill: `W4A16Config.pregather`), `silu_mul` writes its rows
+  in down's slot order (``routing=``), which saves down's own gather.
 
-``path="auto"`` (the default) picks by `moe_experts_path`: the output-centric path while a
-batch has at most `OUTPUT_CENTRIC_MAX_TOKENS` tokens (INT4; 0 since the H200 measured the indexed
-path faster at every batch, one token included), always for MXFP8 (the indexed GEMM takes INT4
-only). ``LOWBIT_MOE_PATH`` overrides the choice. Both paths run without a host
-readback, so the layer can be captured in a CUDA graph.
+``path="auto"`` (the default) picks by `moe_experts_path`: the output-centric path while an INT4
+batch has at most `OUTPUT_CENTRIC_MAX_TOKENS` tokens, always for MXFP8 (the indexed GEMM takes
+INT4 only). ``LOWBIT_MOE_PATH`` overrides the choice. Both paths run without a host readback,
+so the layer can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -33,23 +32,21 @@ import os
 
 import torch
 
+from ..formats.experts import check_expert_weight_pair
+from ..formats.moe_mxfp8 import Mxfp8ExpertWeight
 from ..formats.w4a16 import W4A16Weight
+from ..kernels.moe_decode.op import moe_decode
+from ..kernels.moe_elementwise import combine_topk, silu_mul
+from ..kernels.w4a16.indexed import W4A16IndexedConfig, gluon_capable, w4a16_indexed, w4a16_indexed_config
+from ..routing import moe_align_block_size
+from ..routing.layouts import check_topk_routing
 
 __all__ = ["PATHS", "OUTPUT_CENTRIC_MAX_TOKENS", "indexed_configs", "moe_experts", "moe_experts_path"]
 
 PATHS = ("output_centric", "indexed")
 
-#: The largest INT4 batch (tokens) that takes the output-centric path. H200, fifteenth session
-#: (`docs/performance.md`, "Fifteenth session": Kimi EP8, 48 experts, H 7168, I 2048, top-8;
-#: both layers timed whole, routing and combine included, CUDA graph), output-centric vs
-#: indexed: 85.9 vs 95.9 us at 1 token, 153.2 vs 155.3 at 2, 228.8 vs 222.5 at 4, 361.3 vs
-#: 285.1 at 8. (The ninth session, with the SiLU and the combine as torch ops: indexed from 8.)
-#: Nineteenth session, the indexed GEMMs on 8-row routing blocks (bench `decode_oc_int4_*`,
-#: same method): 85.1 vs 91.4 us at 1 token, 151.0 vs 143.3 at 2, 226.2 vs 201.4 at 4.
-#: Twenty-second session, both paths on the subnormal INT4 dequantization: 82.3 vs 84.4 us at 1
-#: token, 146.3 vs 128.9 at 2; then with the one-launch routing (`moe_routing._route_small_kernel`)
-#: 82.4 vs 79.4 at 1, 146.4 vs 125.0 at 2: the indexed path is faster at every batch, so 0.
-#: Measured on that shape only: other expert counts may cross elsewhere.
+#: The largest INT4 batch (tokens) that takes the output-centric path; 0: the indexed path wins at every batch.
+#: H200, 2026-11-30, commit 0f726b2 (Kimi EP8 layer, routing and combine included, CUDA graph): indexed 79.4 vs output-centric 82.4 us at 1 token, 125.0 vs 146.4 at 2
 OUTPUT_CENTRIC_MAX_TOKENS = 0
 
 _ENV = "LOWBIT_MOE_PATH"
@@ -74,8 +71,8 @@ def moe_experts(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
-    w13,
-    w2,
+    w13: W4A16Weight | Mxfp8ExpertWeight,
+    w2: W4A16Weight | Mxfp8ExpertWeight,
     *,
     out: torch.Tensor | None = None,
     path: str = "auto",
@@ -88,18 +85,16 @@ def moe_experts(
     or both `Mxfp8ExpertWeight` (output-centric path only); out optional ``bf16 [M, H]``;
     path ``"auto"``, ``"output_centric"`` or ``"indexed"``. Returns ``bf16 [M, H]``.
     """
-    from ..kernels.moe_decode.op import _check_routing, _check_weights_pair, moe_decode  # noqa: PLC0415
-
     if path != "auto" and path not in PATHS:
         raise ValueError(f"path must be 'auto' or one of {PATHS}, got {path!r}")
-    _check_weights_pair(w13, w2)
+    check_expert_weight_pair(w13, w2)
     if not isinstance(hidden, torch.Tensor) or hidden.dtype != torch.bfloat16 or hidden.dim() != 2:
         raise TypeError(f"hidden must be bf16 [M, H], got {getattr(hidden, 'dtype', type(hidden).__name__)} "
                         f"{tuple(getattr(hidden, 'shape', ()))}")
     if hidden.shape[1] != w13.k:
         raise ValueError(f"hidden has H={hidden.shape[1]}, w13 expects H={w13.k}")
     m = hidden.shape[0]
-    _check_routing(topk_ids, topk_weights, m, hidden.device)
+    check_topk_routing(topk_ids, topk_weights, m, hidden.device)
     if topk_weights is None:
         raise TypeError("topk_weights must be float32 [M, k], got None")
     fmt = "int4" if isinstance(w13, W4A16Weight) else "mxfp8"
@@ -112,11 +107,10 @@ def moe_experts(
     return _indexed(hidden, topk_ids, topk_weights, w13, w2, out)
 
 
-def indexed_configs(hidden: torch.Tensor, top_k: int, w13: W4A16Weight, w2: W4A16Weight) -> tuple:
+def indexed_configs(hidden: torch.Tensor, top_k: int, w13: W4A16Weight,
+                    w2: W4A16Weight) -> tuple[W4A16IndexedConfig, W4A16IndexedConfig]:
     """The `w4a16_indexed` configurations (gate_up, down) of the indexed path for `hidden`
     ``[M, H]`` routed `top_k` ways (memoized by the GEMM's heuristics)."""
-    from ..kernels.w4a16.indexed import gluon_capable, w4a16_indexed_config  # noqa: PLC0415
-
     routes = hidden.shape[0] * top_k
     # down's activations are a fresh contiguous [routes, I] tensor: 16-byte aligned rows iff I % 8 == 0
     down_gluon = gluon_capable(hidden, w2) and w2.k % 8 == 0
@@ -126,10 +120,6 @@ def indexed_configs(hidden: torch.Tensor, top_k: int, w13: W4A16Weight, w2: W4A1
 
 def _indexed(hidden, topk_ids, topk_weights, w13: W4A16Weight, w2: W4A16Weight, out):
     """Routing, gate_up, SiLU * up, down, combine (the expert-centric layer)."""
-    from ..kernels.moe_elementwise import combine_topk, silu_mul  # noqa: PLC0415
-    from ..kernels.w4a16.indexed import w4a16_indexed  # noqa: PLC0415
-    from ..routing import moe_align_block_size  # noqa: PLC0415
-
     m, top_k = topk_ids.shape
     e = w13.num_experts
     if m == 0:
@@ -137,12 +127,12 @@ def _indexed(hidden, topk_ids, topk_weights, w13: W4A16Weight, w2: W4A16Weight, 
     c1, c2 = indexed_configs(hidden, top_k, w13, w2)
     r1 = moe_align_block_size(topk_ids, c1.block_m, e)
     # both routings before gate_up: down then reads its routing three launches after it was
-    # written, so it streams its first weights while gate_up and silu_mul finish (`kernels.pdl`)
+    # written, so it streams its first weights while gate_up and silu_mul finish (`lowbit.runtime.pdl`)
     r2 = r1 if c2.block_m == c1.block_m else moe_align_block_size(topk_ids, c2.block_m, e)
     gu = w4a16_indexed(hidden, w13, r1.sorted_token_ids, r1.expert_ids, r1.num_tokens_post_padded, top_k, config=c1)
     # down: route r reads act row r (its own gate_up row), so the same sorted ids serve with top_k 1.
     # A pre-gathered down reads its rows in slot order: the SiLU writes them there, in the same
-    # pass (no second gather of the [M * k, I] rows: 2 x 34 MB at Kimi 1024 tokens)
+    # pass (no second gather of the [M * k, I] rows)
     slots = c2.pregather
     act = silu_mul(gu, routing=r2 if slots else None)
     y = w4a16_indexed(act, w2, r2.sorted_token_ids, r2.expert_ids, r2.num_tokens_post_padded, 1, config=c2,

@@ -23,6 +23,7 @@ from .layouts import (
     MaskedRouting,
     check_expert_map,
     check_topk_ids,
+    check_topk_routing,
     live_block_bound,
     max_contiguous_rows,
     max_num_tokens_padded,
@@ -40,6 +41,7 @@ __all__ = [
     "max_num_tokens_padded",
     "live_block_bound",
     "max_contiguous_rows",
+    "check_topk_routing",
     "CONTIGUOUS_ALIGNMENT",
 ]
 

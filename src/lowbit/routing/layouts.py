@@ -24,6 +24,7 @@ __all__ = [
     "live_block_bound",
     "max_contiguous_rows",
     "check_topk_ids",
+    "check_topk_routing",
     "check_expert_map",
     "CONTIGUOUS_ALIGNMENT",
 ]
@@ -150,6 +151,37 @@ def check_topk_ids(topk_ids: torch.Tensor) -> None:
         raise ValueError(f"topk_ids must be 2-D [T, top_k], got shape {tuple(topk_ids.shape)}")
     if topk_ids.shape[1] < 1:
         raise ValueError(f"topk_ids needs top_k >= 1, got shape {tuple(topk_ids.shape)}")
+
+
+def check_topk_routing(topk_ids: torch.Tensor, topk_weights: torch.Tensor | None, num_tokens: int,
+                       device: torch.device) -> int:
+    """Check a MoE block's routing against its activations and return ``top_k``.
+
+    topk_ids: ``int32 [num_tokens, top_k]``, contiguous, on `device`; topk_weights: ``float32``
+    of the same shape, contiguous, on `device`, or None (not checked: a stage that reads no
+    weights). TypeError for a wrong type or dtype, ValueError for a wrong shape, layout or device.
+    """
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype != torch.int32 or topk_ids.dim() != 2:
+        raise TypeError(f"topk_ids must be int32 [M, k], got {getattr(topk_ids, 'dtype', type(topk_ids).__name__)} "
+                        f"{tuple(getattr(topk_ids, 'shape', ()))}")
+    if topk_ids.shape[0] != num_tokens:
+        raise ValueError(f"topk_ids has {topk_ids.shape[0]} rows, the activations have M={num_tokens}")
+    top_k = topk_ids.shape[1]
+    if top_k < 1:
+        raise ValueError("topk_ids must have at least one slot per token")
+    if not topk_ids.is_contiguous():
+        raise ValueError("topk_ids must be contiguous")
+    if topk_ids.device != device:
+        raise ValueError(f"topk_ids is on {topk_ids.device}, the activations on {device}")
+    if topk_weights is not None:
+        if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32:
+            raise TypeError("topk_weights must be float32 [M, k], got "
+                            f"{getattr(topk_weights, 'dtype', type(topk_weights).__name__)}")
+        if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+            raise ValueError(f"topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
+        if not topk_weights.is_contiguous() or topk_weights.device != device:
+            raise ValueError(f"topk_weights must be contiguous and on {device}")
+    return top_k
 
 
 def check_expert_map(expert_map: torch.Tensor | None, num_experts: int, device: torch.device) -> None:

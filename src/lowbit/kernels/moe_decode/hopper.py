@@ -1,9 +1,9 @@
 """Tensor-core output-centric MoE decode for INT4 group-32 and MXFP8 weights (engine ``"mma"``, Gluon, sm_90).
 
-The same two stages and the same semantics as `moe_decode` (its module docstring and
-`lowbit.reference.moe_experts_ref(..., round_intermediate=True)`), built to stream the experts'
-weight bytes with one to a few tokens. The Triton ``fma`` engine multiplies lane by lane on the
-CUDA cores (4-5 instructions a weight, 27% of the read bandwidth at one token).
+The same two stages and the same semantics as `lowbit.kernels.moe_decode.op.moe_decode` (its
+docstring and `lowbit.reference.moe_experts_ref(..., round_intermediate=True)`), built to stream
+the experts' weight bytes with one to a few tokens, where the Triton ``fma`` engine spends 4-5
+CUDA-core instructions a weight.
 
 The main loop, both kernels (`_fill`, `_tile_step`):
 
@@ -11,32 +11,25 @@ The main loop, both kernels (`_fill`, `_tile_step`):
   (16-byte copies), the scales (4-byte copies of row pairs) and the B rows (the tokens'
   activations, ``[8, COLS, 32]`` boxes, zero-filled for dead columns and the K tail). Each step:
   wait for this thread's copies, one CTA barrier, refill the stage read a step ago, then compute.
+  Why not a register ring: ptxas sank its loads to the end of the loop body, so every step waited
+  a full memory latency (H200, 2026-11-30, commit e0b1760: 1.4-2.0 TB/s). Why not TMA: the W4A16
+  GEMMs' TMA skeleton streams 3.1-3.5 TB/s at most (H200, 2026-11-30, commit cdf8ae9).
 - Each warp owns 16 weight rows (the ``m16n8k16`` A operand): it reads the step's words straight
   into A fragments (the ``k256-group-nibbles`` layout of the indexed profile is fragment-ready:
-  word j of a step is K ``32g + j`` of group g), dequantizes them in place with
-  `w4a16_sm90._dequant_byte` (`int4_dequant`'s subnormal form: 1.25 instructions a weight, the
-  other paths' ``bf16((q - 8) * s)`` times 2^-64, so the INT4 partial sums are rescaled once,
-  `_unscale`) and issues mma.sync against ldmatrix'd B fragments, FP32 accumulation.
-  MXFP8 in the k256-interleaved layout (`moe_decode.Mxfp8ExpertWeight`) is the same idea a byte
-  wide: 64 words a step (two 32-word tiles in the ring), word c of half step h holding element
-  c of groups 4h .. 4h + 3, turned into four bf16 fragments by `E4M3_QUAD_PTX` (2.5
+  word j of a step is K ``32g + j`` of group g), dequantizes them in place with W4A16's
+  `dequant_byte` (the subnormal form of `lowbit.kernels.w4a16.int4`: 1.25 instructions a weight,
+  ``bf16((q - 8) * s)`` times 2^-64, so the INT4 partial sums are rescaled once, `_unscale`) and
+  issues mma.sync against ldmatrix'd B fragments, FP32 accumulation.
+  MXFP8 in the k256-interleaved layout (`lowbit.formats.Mxfp8ExpertWeight`) is the same idea a
+  byte wide: 64 words a step (two 32-word tiles in the ring), word c of half step h holding
+  element c of groups 4h .. 4h + 3, turned into four bf16 fragments by `E4M3_QUAD_PTX` (2.5
   instructions a weight, exact: every E4M3 code times a power of two is a bf16 number), the
-  scales read as bf16 multipliers like INT4's. Per byte streamed that is 1.9 instructions
-  against INT4's 3.1 (SASS of the gate_up loop: 482 a 256-byte step against 396 a 128-byte one).
+  scales read as bf16 multipliers like INT4's.
 - Small batches leave most MMA columns empty, and 16-row blocks alone give too few warps at one
   token, so the ``SPLIT`` warps of a program split the *work* on the same 16 rows: each warp takes
   ``COLS / SPLIT`` of the MMA columns for its share (the mma layout replicates B across warps,
   so columns are where the warps can differ), and `_diagonal_sum` adds the warps' partials once
   at the end through shared memory.
-
-Why not registers or TMA. A register ring (the loads of step k + 2 issued before step k is
-dequantized) compiled to loads that ptxas sank to the end of the loop body, so every step waited
-a full memory latency (H200, this session: 1.4-2.0 TB/s); the W4A16 GEMMs' TMA skeleton streams
-3.1-3.5 TB/s at most (`scripts/probes/tma_stream.py`). Measured bounds of this loop (ncu, one
-token, before gate_up went to one tile a warp): 0.53-0.56 instructions issued a cycle per
-scheduler with 2-3 warps each; ~350
-instructions a warp a 16-row x 256-K step; an XOR swizzle of 8-byte units had left the word
-reads 4-way bank-conflicted (fixed: 32-byte units by row mod 4).
 
 gate_up (`_gate_up_mma_kernel`): grid ``(cdiv(I, 16), routes)``. The program of route r owns 16
 neurons of its expert when r is the expert's first route (the dot engine's owner rule); it
@@ -67,11 +60,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .op import _ROUTE_CHUNK as ROUTE_CHUNK
-from .op import Mxfp8ExpertWeight
+from ...formats.moe_mxfp8 import Mxfp8ExpertWeight
+from ..compile_tier import KernelConfig
 from ..w4a16.hopper import _ACC_SCALE, _dequant_byte
+from .tiles import MMA_EXTRA_TILES, MMA_SPLITS, MMA_SPLITS_MXFP8, ROUTE_CHUNK, TILES
 
-__all__ = ["gate_up_mma_launch", "down_mma_launch", "ROUTE_CHUNK", "MMA_EXTRA_TILES", "compile_configs"]
+__all__ = ["gate_up_mma_launch", "down_mma_launch", "SMEM_LIMIT", "smem_bytes", "compile_configs"]
 
 
 def _operands(w, who: str):
@@ -210,7 +204,7 @@ def _member_routes(ids_ptr, e, r, num_routes, want, ROUTE_CHUNK: gl.constexpr, s
 def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, dot_a: gl.constexpr,
                dot_b: gl.constexpr, acc_e, acc_o, FP8: gl.constexpr):
     """One 256-wide K step of the ``[BW, COLS]`` tile whose words are rows ``row0 .. row0+BW`` of
-    stage `st`: dequantized straight into A fragments (INT4: `w4a16_sm90._dequant_byte`, 2^-64 times
+    stage `st`: dequantized straight into A fragments (INT4: W4A16's `dequant_byte`, 2^-64 times
     the weights;
     MXFP8: `_dequant_e4m3`, a half step's four groups at once), times the stage's B boxes;
     groups 2j / 2j + 1 into the even / odd accumulator (two mma.sync chains)."""
@@ -544,14 +538,14 @@ def _down_mma_kernel(
 
 # =========================================================================== launchers
 def _maxnreg(stage: str) -> dict:
-    """Probe knob (not a tuned default): ``LOWBIT_DECODE_MMA_MAXNREG_<STAGE>`` caps the registers a
-    thread, for occupancy experiments."""
+    """Experiment knob, not a tuned default: ``LOWBIT_DECODE_MMA_MAXNREG_<STAGE>`` caps the
+    registers a thread (occupancy experiments)."""
     v = os.environ.get(f"LOWBIT_DECODE_MMA_MAXNREG_{stage}")
     return {"maxnreg": int(v)} if v else {}
 
 
 #: Shared memory a CTA may hold on sm_90 (227 KB).
-_SMEM_LIMIT = 227 * 1024
+SMEM_LIMIT = 227 * 1024
 
 
 def smem_bytes(rows: int, cols: int, stages: int, fp8: bool) -> int:
@@ -563,9 +557,9 @@ def smem_bytes(rows: int, cols: int, stages: int, fp8: bool) -> int:
 def _check_smem(who: str, rows: int, cols: int, stages: int, fp8: bool) -> None:
     """A clear error for an override whose `smem_bytes` exceed what a CTA may hold."""
     need = smem_bytes(rows, cols, stages, fp8)
-    if need > _SMEM_LIMIT:
+    if need > SMEM_LIMIT:
         raise ValueError(f"{who}: {rows} weight rows x {cols} columns x {stages} stages need {need // 1024} KB of "
-                         f"shared memory ({'MXFP8' if fp8 else 'INT4'}), over {_SMEM_LIMIT // 1024} KB: fewer split "
+                         f"shared memory ({'MXFP8' if fp8 else 'INT4'}), over {SMEM_LIMIT // 1024} KB: fewer split "
                          "warps or stages")
 
 
@@ -620,15 +614,9 @@ def down_mma_launch(act, topk_ids, topk_weights, w2, out, cols: int, split: int,
 
 
 # =========================================================================== compile tier
-#: (cols, split) tiles compiled beyond the heuristics' picks (`moe_decode._MMA_SPLITS`): the
-#: probe's alternatives, so an override that reaches them is known to build.
-MMA_EXTRA_TILES = ((8, 1), (8, 4), (8, 8), (16, 1), (32, 1))
-
-
-def compile_configs():
-    """Every tile of both kernels for the compile tier (mma.sync in the SASS, no spills)."""
-    from ..compile_tier import KernelConfig
-
+def compile_configs() -> list[KernelConfig]:
+    """Every tile of both kernels for the compile tier (mma.sync in the SASS, no spills): the
+    heuristics' picks (`tiles.MMA_SPLITS`, `tiles.MMA_SPLITS_MXFP8`) and `tiles.MMA_EXTRA_TILES`."""
     gate_up_sig = {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "act_ptr": "*bf16",
                    "num_routes": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32", "nk": "i32",
                    "stride_xm": "i32", "stride_am": "i32",
@@ -638,15 +626,14 @@ def compile_configs():
                 "out_ptr": "*bf16", "M": "i32", "top_k": "i32", "num_experts": "i32", "H": "i32", "I": "i32",
                 "nk": "i32", "stride_om": "i32", "COLS": "constexpr", "POS": "constexpr", "E_P2": "constexpr",
                 "STAGES": "constexpr", "X_LAYOUT": "constexpr", "FP8": "constexpr", "num_warps": "constexpr"}
-    from .op import _MMA_SPLITS, _MMA_SPLITS_MXFP8, _TILES
-
-    stages = _TILES["mma", "int4"][3]
-    assert stages == _TILES["mma", "mxfp8_k256"][3]
-    picks = _MMA_SPLITS + _MMA_SPLITS_MXFP8
+    stages = TILES["mma", "int4"][3]
+    if stages != TILES["mma", "mxfp8_k256"][3]:
+        raise ValueError("tiles.TILES: the mma engine's INT4 and MXFP8 rows must share one ring depth")
+    picks = MMA_SPLITS + MMA_SPLITS_MXFP8
     gate_up = {(min(t, 16), sg) for _, t, sg, _ in picks} | {(c, w) for c, w in MMA_EXTRA_TILES if c <= 16}
     down = {(t, sd) for _, t, _, sd in picks} | set(MMA_EXTRA_TILES)
     out = []
-    for fp8 in (False, True):  # INT4, k256-interleaved MXFP8 (same tiles: `moe_decode._TILES`)
+    for fp8 in (False, True):  # INT4, k256-interleaved MXFP8 (the same tiles)
         tag = ",fp8" if fp8 else ""
         for cols, split in sorted(t for t in gate_up if not fp8 or t[1] <= 4):  # MXFP8 split 8: over 227 KB
             out.append(KernelConfig(

@@ -3,6 +3,8 @@ output-centric or the indexed path) and its elementwise kernels (`silu_mul`, `co
 against the FP32 reference: both paths on the same routing edges, the automatic choice, bad
 input; on the GPU, Kimi-like shapes and a CUDA-graph replay."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,11 +12,11 @@ import torch.nn.functional as F
 from lowbit import moe_experts, reference, routing
 from lowbit.formats import get_format
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.moe_decode.op import pack_mxfp8_experts
 from lowbit.kernels.moe_elementwise import combine_topk, silu_mul
+from lowbit.kernels.w4a16.indexed import w4a16_indexed
+from lowbit.layers.moe import OUTPUT_CENTRIC_MAX_TOKENS, indexed_configs, moe_experts_path
 from lowbit.runtime.pdl import ENV as PDL_ENV
 from lowbit.runtime.pdl import launch_options, pdl_enabled
-from lowbit.layers.moe import OUTPUT_CENTRIC_MAX_TOKENS, moe_experts_path
 from lowbit.testing import (
     POISON_BF16,
     assert_bitwise_equal,
@@ -23,6 +25,8 @@ from lowbit.testing import (
     random_topk_ids,
     random_topk_weights,
 )
+
+from helpers import moe_edge_routing, moe_expert_weights
 
 INT4 = get_format("int4_g32")
 
@@ -35,27 +39,13 @@ def _int4(e, h, inter, gen, device):
     return pack_w4a16(q13).to(device), pack_w4a16(q2).to(device), q13, q2
 
 
-def _edge_routing(m, k, e, gen):
-    """Distinct experts per token, then the edges: a dropped slot (-1), an id past the local
-    experts (dropped too), a token listing one expert twice, weights not summing to 1 (one
-    negative); the last expert gets no route."""
-    ids = random_topk_ids(m, k, e - 1, generator=gen)
-    ids[1, 2] = -1
-    ids[4, 0] = e + 3
-    ids[3, 1] = ids[3, 0]
-    tw = random_topk_weights(m, k, generator=gen) * 1.7
-    tw[2, 1] = -0.4
-    ref_ids = torch.where((ids >= 0) & (ids < e), ids, -1)
-    return ids, tw, ref_ids
-
-
 @pytest.mark.parametrize("path", ["output_centric", "indexed"])
 def test_paths_match_reference_with_routing_edges(path, gen, device):
     # E=6, H=160, I=96: not multiples of any tile; M=6 tokens share experts
     e, h, inter, m, k = 6, 160, 96, 6, 3
     w13, w2, q13, q2 = _int4(e, h, inter, gen, device)
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
-    ids, tw, ref_ids = _edge_routing(m, k, e, gen)
+    ids, tw, ref_ids = moe_edge_routing(m, k, e, gen)
     out = poison_(torch.empty(m, h, dtype=torch.bfloat16, device=device))
     res = moe_experts(hidden.to(device), ids.to(device), tw.to(device), w13, w2, out=out, path=path)
     assert res is out
@@ -111,8 +101,7 @@ def test_bad_input(gen, device):
         moe_experts(hidden, ids.long(), tw, w13, w2)
     with pytest.raises(ValueError, match="must be"):
         moe_experts(hidden, ids, tw, w13, w13)  # w2 of the wrong shape
-    x13 = pack_mxfp8_experts(torch.randn(e, 2 * inter, h, generator=gen) * 0.05).to(device)
-    x2 = pack_mxfp8_experts(torch.randn(e, h, inter, generator=gen) * 0.05).to(device)
+    x13, x2, _, _, _, _ = moe_expert_weights("mxfp8", e, h, inter, gen, device)
     with pytest.raises(ValueError, match="INT4"):
         moe_experts(hidden, ids, tw, x13, x2, path="indexed")
 
@@ -148,8 +137,6 @@ def test_silu_mul_in_slot_order(block, gen, device):
     ``silu_mul(gu)``, bit for bit; sentinel slots, a remote expert's blocks and an over-allocated
     buffer's blocks past the device-side count keep the poison; a routing of another route count
     is refused. I off the kernel's 256-column tile."""
-    from dataclasses import replace
-
     t, k, e, inter = 21, 3, 5, 200
     ids = random_topk_ids(t, k, e, generator=gen).to(device)
     emap = torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32, device=device)  # expert 2 remote
@@ -270,9 +257,6 @@ def test_prefill_layer_down_reads_silu_rows_in_slot_order(gen):
     """Where down runs on pre-gathered rows (Kimi-like prefill: 256 tokens on 12 experts), the
     layer's SiLU writes them in slot order and down skips its gather: bit for bit the layer
     built from the public pieces with down gathering its own rows, and the reference's answer."""
-    from lowbit.kernels.w4a16.indexed import w4a16_indexed  # noqa: PLC0415
-    from lowbit.layers.moe import indexed_configs  # noqa: PLC0415
-
     e, h, inter, m, k = 12, 7168, 2048, 256, 8
     w13, w2, q13, q2 = _int4(e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()

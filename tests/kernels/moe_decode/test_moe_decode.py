@@ -1,51 +1,31 @@
 """Output-centric MoE decode (gate_up + down) vs the FP32 reference, both weight formats and both
-engines (interpreter on the CPU tier, native on the GPU), plus bad input, heuristics, and a
-CUDA-graph replay on the GPU."""
+Triton engines (interpreter on the CPU tier, native on the GPU), the Hopper mma engine (sm_90),
+bad input, heuristics, and a CUDA-graph replay on the GPU."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lowbit import reference
-from lowbit.reference.moe import expert_weight
-from lowbit.formats import FormatError, QuantizedTensor, get_format, quantize_mxfp8
+from lowbit.formats import FormatError, QuantizedTensor, get_format, pack_mxfp8_experts
 from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.kernels.moe_decode import heuristics, hopper
 from lowbit.kernels.moe_decode import op as md
 from lowbit.kernels.moe_decode.op import (
     DecodeConfig,
-    Mxfp8ExpertWeight,
     moe_decode,
     moe_decode_config,
     moe_decode_down,
     moe_decode_gate_up,
-    pack_mxfp8_experts,
 )
+from lowbit.reference.moe import expert_weight
 from lowbit.testing import assert_close, poison_, random_topk_ids, random_topk_weights
 
-INT4 = get_format("int4_g32")
+from helpers import moe_edge_routing, moe_expert_weights
 
 # Test tiles: as large as the test shapes, so the interpreter runs few programs; the default
 # (production) tiles run in test_single_token_default_config and test_dot_engine_*.
 BIG = {"fma": DecodeConfig("fma", 128, 256, 1, 4, 1), "dot": DecodeConfig("dot", 128, 256, 16, 4, 1)}
-
-
-def _weights(fmt, e, h, inter, gen, device):
-    """(kernel weights w13, w2; logical weights for the reference; the kernel's effective real
-    weights: INT4 is dequantized to bf16((q - 8) * s) by the kernels, MXFP8 exactly)."""
-    r13 = torch.randn(e, 2 * inter, h, generator=gen) * 0.05
-    r2 = torch.randn(e, h, inter, generator=gen) * 0.05
-    if fmt == "int4":
-        q13, q2 = INT4.quantize(r13), INT4.quantize(r2)
-        k13, k2 = pack_w4a16(q13).to(device), pack_w4a16(q2).to(device)
-        eff = lambda q: q.dequantize().to(torch.bfloat16).float()  # noqa: E731
-    else:  # "mxfp8", or "mxfp8_k256": the mma engine's interleaved layout of the same codes
-        layout = "k256-interleaved" if fmt == "mxfp8_k256" else "natural"
-        k13 = pack_mxfp8_experts(r13, layout=layout).to(device)
-        k2 = pack_mxfp8_experts(r2, layout=layout).to(device)
-        q13, q2 = k13.as_quantized(), k2.as_quantized()
-        eff = lambda q: q.dequantize()  # noqa: E731
-    q13, q2 = (QuantizedTensor(q.codes.cpu(), q.scales.cpu(), q.fmt) for q in (q13, q2))
-    return k13, k2, q13, q2, eff(q13), eff(q2)
 
 
 def _act_ref(hidden, ids, w13):
@@ -61,20 +41,6 @@ def _act_ref(hidden, ids, w13):
                 gu = hidden[t].float() @ expert_weight(w13, ex).T
                 act[t, j] = F.silu(gu[:inter]) * gu[inter:]
     return act.to(torch.bfloat16).float()
-
-
-def _edge_routing(m, k, e, gen):
-    """Distinct top-k per token with the last expert empty, then the edges: a dropped slot
-    (-1), an id past the local experts (treated as dropped), a token listing one expert twice,
-    and routing weights that do not sum to 1 (one of them negative)."""
-    ids = random_topk_ids(m, k, e, generator=gen)
-    ids[1, 2] = -1
-    ids[4, 0] = e + 3
-    ids[3, 1] = ids[3, 0]  # repeated expert: each slot counts
-    tw = random_topk_weights(m, k, generator=gen) * 1.7
-    tw[2, 1] = -0.4
-    ref_ids = torch.where((ids >= 0) & (ids < e), ids, -1)
-    return ids, tw, ref_ids
 
 
 def _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, device):
@@ -102,9 +68,9 @@ def test_matches_reference_with_routing_edges(fmt, engine, gen, device):
     # E=6 with expert 5 empty; H=160 and I=96 are not multiples of the 256-wide K step nor of
     # any tile; M=5 tokens share experts
     e, h, inter, m, k = 6, 160, 96, 5, 3
-    w13, w2, q13, q2, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    w13, w2, q13, q2, r13, r2 = moe_expert_weights(fmt, e, h, inter, gen, device)
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
-    ids, tw, ref_ids = _edge_routing(m, k, e, gen)
+    ids, tw, ref_ids = moe_edge_routing(m, k, e, gen)
     out = _run_edges(BIG[engine], hidden, ids, tw, ref_ids, w13, w2, r13, r2, device)
     assert_close(out, reference.moe_experts_ref(hidden, ref_ids, tw, q13, q2, round_intermediate=True),
                  "bf16_chain", "out (FP32 of the quantized weights)")
@@ -116,7 +82,7 @@ def test_single_token_default_config(fmt, gen, device):
     experts the token does not choose have no tokens; H, I not multiples of the tiles."""
     e, h, inter, k = 4, 96, 64, 2
     assert moe_decode_config(1, k, e, h, inter).engine == "fma"
-    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    w13, w2, _, _, r13, r2 = moe_expert_weights(fmt, e, h, inter, gen, device)
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(1, k, e, generator=gen)
     tw = random_topk_weights(1, k, generator=gen)
@@ -133,7 +99,7 @@ def test_dot_engine_hot_expert_many_routes(fmt, gen, device):
     the 20 tokens make two token groups in down; the last expert is empty."""
     e, h, inter, m, k = 5, 96, 64, 20, 4
     cfg = DecodeConfig("dot", 64, 32, 16, 4, 1)
-    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    w13, w2, _, _, r13, r2 = moe_expert_weights(fmt, e, h, inter, gen, device)
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e, generator=gen, hot_expert=0)
     tw = random_topk_weights(m, k, generator=gen)
@@ -151,7 +117,7 @@ def test_fma_engine_pipelined_k_loops(fmt, stages, gen, device):
     staging on the GPU; the interpreter runs the same loop unpipelined): H = 1056 and I = 608
     give 5 and 3 K steps (the last one short), so the steady state and the drain both run."""
     e, h, inter, m, k = 3, 1056, 608, 2, 2
-    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, device)
+    w13, w2, _, _, r13, r2 = moe_expert_weights(fmt, e, h, inter, gen, device)
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e, generator=gen)
     tw = random_topk_weights(m, k, generator=gen)
@@ -162,67 +128,11 @@ def test_fma_engine_pipelined_k_loops(fmt, stages, gen, device):
     assert_close(out.cpu().float(), ref, "bf16_out", f"fma stages={stages}")
 
 
-def test_mxfp8_weight_pack_and_validation(gen):
-    x = torch.randn(2, 8, 64, generator=gen)
-    codes, scales = quantize_mxfp8(x)
-    w = pack_mxfp8_experts(x)
-    assert (w.num_experts, w.n, w.k) == (2, 8, 64)
-    for other in (pack_mxfp8_experts((codes, scales)), pack_mxfp8_experts(codes, scales),
-                  pack_mxfp8_experts(get_format("mxfp8").quantize(x))):
-        assert torch.equal(other.codes.view(torch.uint8), w.codes.view(torch.uint8))
-        assert torch.equal(other.scales_e8m0, w.scales_e8m0)
-    assert torch.equal(w.as_quantized().dequantize(), get_format("mxfp8").dequantize(w.as_quantized()))
-    bad = scales.clone()
-    bad[0, 0, 0] = 255
-    with pytest.raises(FormatError, match="255"):
-        Mxfp8ExpertWeight(codes, bad)
-    with pytest.raises(FormatError, match="scales"):
-        Mxfp8ExpertWeight(codes, scales[..., :1].contiguous())
-    with pytest.raises(FormatError, match="uint8"):
-        Mxfp8ExpertWeight(codes, scales.float())
-    with pytest.raises(FormatError, match=r"float8_e4m3fn \[E, N, K\]"):
-        Mxfp8ExpertWeight(codes[0], scales[0])
-    with pytest.raises(FormatError, match="multiple of 32"):
-        pack_mxfp8_experts(torch.randn(2, 8, 48))
-    with pytest.raises(FormatError, match="int4_g32"):
-        pack_mxfp8_experts(INT4.quantize(x))
-    with pytest.raises(FormatError, match="scales_e8m0"):
-        pack_mxfp8_experts(codes)
-
-
-def test_mxfp8_k256_interleaved_layout(gen):
-    """The mma engine's layout: the same codes reordered (word c of a half step holds element c
-    of its four groups), K padded to 256, bf16 multipliers 2^(E8M0 - 7); the natural codes and
-    the logical tensor come back exactly; scales past 2^7 and a mismatched tensor are refused;
-    the Triton engines refuse the layout."""
-    x = torch.randn(2, 8, 320, generator=gen) * 3
-    nat = pack_mxfp8_experts(x)
-    w = pack_mxfp8_experts(x, layout="k256-interleaved")
-    assert (w.layout, w.k, tuple(w.codes.shape), tuple(w.mma_scales.shape)) == ("k256-interleaved", 320, (2, 8, 512),
-                                                                                 (2, 16, 8))
-    assert torch.equal(w.natural_codes().view(torch.uint8), nat.codes.view(torch.uint8))
-    assert torch.equal(w.as_quantized().dequantize(), nat.as_quantized().dequantize())
-    words = w.codes.view(torch.uint8)
-    padded = F.pad(nat.codes.view(torch.uint8), (0, 192))
-    for kt, h, c, o in ((0, 0, 0, 0), (0, 1, 5, 3), (1, 0, 31, 2), (1, 1, 17, 1)):
-        assert words[1, 3, 256 * kt + 4 * (32 * h + c) + o] == padded[1, 3, 256 * kt + 32 * (4 * h + o) + c]
-    want = torch.exp2(nat.scales_e8m0.float() - 7).transpose(1, 2)
-    assert torch.equal(w.mma_scales[:, :10].float(), want) and (w.mma_scales[:, 10:] == 0).all()
-    assert w.to("cpu").layout == "k256-interleaved"
-    codes, scales = quantize_mxfp8(x)
-    big = scales.clone()
-    big[0, 0, 0] = md.MXFP8_MMA_MAX_E8M0 + 1
-    pack_mxfp8_experts(codes, big)  # the natural layout takes any finite scale
-    with pytest.raises(FormatError, match="E8M0 bytes <= 134"):
-        pack_mxfp8_experts(codes, big, layout="k256-interleaved")
-    with pytest.raises(FormatError, match="layout must be one of"):
-        pack_mxfp8_experts(x, layout="tiled")
-    with pytest.raises(FormatError, match="mma_scales"):
-        Mxfp8ExpertWeight(w.codes, w.scales_e8m0, "k256-interleaved", None)
-    with pytest.raises(FormatError, match="mma_scales belong"):
-        Mxfp8ExpertWeight(nat.codes, nat.scales_e8m0, "natural", w.mma_scales)
+def test_k256_layout_runs_on_the_mma_engine_only(gen):
+    """The Triton engines refuse the k256-interleaved MXFP8 layout; its default engine is mma,
+    which the CPU cannot run."""
     e, h, inter = 2, 64, 32
-    w13, w2, _, _, _, _ = _weights("mxfp8_k256", e, h, inter, gen, "cpu")
+    w13, w2, _, _, _, _ = moe_expert_weights("mxfp8_k256", e, h, inter, gen, "cpu")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = torch.zeros(1, 1, dtype=torch.int32)
     for cfg in (BIG["fma"], BIG["dot"]):
@@ -235,8 +145,8 @@ def test_mxfp8_k256_interleaved_layout(gen):
 
 def test_bad_input(gen, device):
     e, h, inter, m, k = 3, 64, 32, 2, 2
-    w13, w2, q13, _, _, _ = _weights("int4", e, h, inter, gen, device)
-    m13, m2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, device)
+    w13, w2, q13, _, _, _ = moe_expert_weights("int4", e, h, inter, gen, device)
+    m13, m2, _, _, _, _ = moe_expert_weights("mxfp8", e, h, inter, gen, device)
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).to(device)
     ids = random_topk_ids(m, k, e, generator=gen).to(device)
     tw = random_topk_weights(m, k, generator=gen).to(device)
@@ -291,12 +201,12 @@ def test_heuristics_memo_and_env_overrides(monkeypatch):
     monkeypatch.setenv("LOWBIT_DECODE_TOKENS", "many")
     with pytest.raises(ValueError, match="LOWBIT_DECODE_TOKENS"):
         moe_decode_config(1, *ep8)
-    for name in md.ENV_OVERRIDES:
+    for name in heuristics.ENV_OVERRIDES:
         monkeypatch.delenv(name, raising=False)
     assert moe_decode_config(1, *ep8) is one
-    assert "engine=fma" in md.explain_moe_decode_config(1, *ep8, native=False)
+    assert "engine=fma" in heuristics.explain_moe_decode_config(1, *ep8, native=False)
     # on sm_90 (what show-config explains by default) INT4 runs the mma engine, MXFP8 does not
-    assert "engine=mma" in md.explain_moe_decode_config(1, *ep8)
+    assert "engine=mma" in heuristics.explain_moe_decode_config(1, *ep8)
     assert moe_decode_config(1, *ep8, native=True).engine == "mma"
     assert moe_decode_config(1, *ep8, fmt="mxfp8", native=True).engine == "fma"
 
@@ -305,7 +215,7 @@ def test_compile_configs_cover_every_heuristic_choice():
     names = [c.name for c in md.compile_configs()]
     assert len(names) == len(set(names))
     fmts = set()
-    for fmt, c in md._production_configs():
+    for fmt, c in heuristics.production_configs():
         if c.engine == "mma":  # Gluon kernels: checked below
             continue
         fmts.add(fmt)
@@ -314,9 +224,7 @@ def test_compile_configs_cover_every_heuristic_choice():
         assert f"moe_decode_down[{fmt},{c.engine},BH={c.block_h},{tail}" in names
     assert fmts == {"int4", "mxfp8"}
     # the mma engine (sm_90): every (columns, split, stages) its heuristics pick at M = 1..64
-    from lowbit.kernels.moe_decode import hopper as moe_decode_sm90
-
-    mma_names = {c.name for c in moe_decode_sm90.compile_configs()}
+    mma_names = {c.name for c in hopper.compile_configs()}
     for fmt, tag in (("int4", ""), ("mxfp8_k256", ",fp8")):
         for m in range(1, 65):
             c = moe_decode_config(m, 8, 48, 7168, 2048, fmt, native=True)
@@ -327,8 +235,10 @@ def test_compile_configs_cover_every_heuristic_choice():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,engine", [("int4", "heuristic"), ("int4", "fma"), ("int4", "mma"),
-                                        ("mxfp8", "heuristic"), ("mxfp8", "fma"), ("mxfp8_k256", "heuristic")])
+@pytest.mark.parametrize("fmt,engine", [("int4", "heuristic"), ("int4", "fma"),
+                                        pytest.param("int4", "mma", marks=pytest.mark.sm90),
+                                        ("mxfp8", "heuristic"), ("mxfp8", "fma"),
+                                        pytest.param("mxfp8_k256", "heuristic", marks=pytest.mark.sm90)])
 def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
     """Capture moe_decode (no host readback), replay with new topk_ids / topk_weights (one
     replay with a dropped slot). M=4 over 8 experts: the heuristics pick the mma engine for
@@ -336,7 +246,7 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
     e, h, inter, m, k = 8, 256, 128, 4, 3
     cfg = {"heuristic": None, "fma": DecodeConfig("fma", 16, 16, 1, 4, 2),
            "mma": DecodeConfig("mma", 16, 16, 8, 4, 6, split_gate_up=2, split_down=2)}[engine]
-    w13, w2, q13, q2, _, _ = _weights(fmt, e, h, inter, gen, "cuda")
+    w13, w2, q13, q2, _, _ = moe_expert_weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16).cuda()
     ids = random_topk_ids(m, k, e, generator=gen).cuda()
     tw = random_topk_weights(m, k, generator=gen).cuda()
@@ -359,6 +269,7 @@ def test_cuda_graph_capture_and_replay_with_new_routing(fmt, engine, gen):
 
 # --------------------------------------------------------------------------- mma engine (sm_90)
 @pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("tokens,split_gu,split_dn,stages", [(8, 4, 8, 4), (8, 8, 4, 3), (8, 2, 2, 6), (16, 1, 1, 4),
                                                             (32, 2, 4, 8), (8, 1, 1, 5)])
 @pytest.mark.parametrize("h,inter", [(160, 96), (608, 288)])
@@ -371,17 +282,15 @@ def test_mma_engine_matches_reference_with_routing_edges(fmt, h, inter, tokens, 
     depths 3 to 8; warp splits from 1 to 8 (several member passes and token blocks where the
     columns a warp are few). MXFP8 rings take twice the words: a tile over 227 KB of shared
     memory must be a clear error."""
-    from lowbit.kernels.moe_decode.op.hopper import _SMEM_LIMIT, smem_bytes
-
     e, m, k = 6, 5, 3
     cfg = DecodeConfig("mma", 16, 16, tokens, 4, stages, split_gate_up=split_gu, split_down=split_dn)
-    w13, w2, q13, q2, r13, r2 = _weights(fmt, e, h, inter, gen, "cuda")
+    w13, w2, q13, q2, r13, r2 = moe_expert_weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
-    ids, tw, ref_ids = _edge_routing(m, k, e, gen)
+    ids, tw, ref_ids = moe_edge_routing(m, k, e, gen)
     fp8 = fmt != "int4"
-    smem = [smem_bytes(rows, cols, stages, fp8) for rows, cols in ((32 * split_gu, min(tokens, 16)),
+    smem = [hopper.smem_bytes(rows, cols, stages, fp8) for rows, cols in ((32 * split_gu, min(tokens, 16)),
                                                                     (16 * split_dn, tokens))]
-    if max(smem) > _SMEM_LIMIT:
+    if max(smem) > hopper.SMEM_LIMIT:
         with pytest.raises(ValueError, match="shared memory"):
             _run_edges(cfg, hidden, ids, tw, ref_ids, w13, w2, r13, r2, "cuda")
         return
@@ -389,6 +298,7 @@ def test_mma_engine_matches_reference_with_routing_edges(fmt, h, inter, tokens, 
 
 
 @pytest.mark.gpu
+@pytest.mark.sm90
 def test_mma_engine_mxfp8_weights_are_exact():
     """Every finite E4M3 code (subnormals, both signs, 448) under E8M0 scales from 2^-27 to 2^7
     (the layout's range), read back through the down stage with one-hot activations (one token
@@ -415,12 +325,13 @@ def test_mma_engine_mxfp8_weights_are_exact():
 
 
 @pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("m,tokens", [(1, 8), (4, 8), (16, 16)])
 def test_mma_engine_mxfp8_default_matches_reference(m, tokens, gen):
     """k256-interleaved MXFP8 on its default (heuristic) mma configuration at decode batches,
     against the reference on the same codes; hidden and intermediate sizes off the K step."""
     e, h, inter, k = 8, 800, 352, 4
-    w13, w2, _, _, r13, r2 = _weights("mxfp8_k256", e, h, inter, gen, "cuda")
+    w13, w2, _, _, r13, r2 = moe_expert_weights("mxfp8_k256", e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e, generator=gen)
     tw = random_topk_weights(m, k, generator=gen)
@@ -431,6 +342,7 @@ def test_mma_engine_mxfp8_default_matches_reference(m, tokens, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("m,tokens,split", [(1, 8, 8), (20, 16, 1), (40, 32, 1), (6, 8, 2)])
 @pytest.mark.parametrize("fmt", ["int4", "mxfp8_k256"])
 def test_mma_engine_hot_expert_and_token_blocks(fmt, m, tokens, split, gen):
@@ -440,7 +352,7 @@ def test_mma_engine_hot_expert_and_token_blocks(fmt, m, tokens, split, gen):
     e, h, inter, k = 5, 544, 224, 4
     gu = min(split, min(tokens, 16), 4 if fmt != "int4" else 8)  # MXFP8 gate_up at 8 warps: over 227 KB
     cfg = DecodeConfig("mma", 16, 16, tokens, 4, 4, split_gate_up=gu, split_down=split)
-    w13, w2, _, _, r13, r2 = _weights(fmt, e, h, inter, gen, "cuda")
+    w13, w2, _, _, r13, r2 = moe_expert_weights(fmt, e, h, inter, gen, "cuda")
     hidden = torch.randn(m, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(m, k, e - 1, generator=gen, hot_expert=0)
     tw = random_topk_weights(m, k, generator=gen)
@@ -453,13 +365,14 @@ def test_mma_engine_hot_expert_and_token_blocks(fmt, m, tokens, split, gen):
 
 
 @pytest.mark.gpu
+@pytest.mark.sm90
 def test_mma_engine_is_the_int4_default_on_sm90(gen):
     """On an sm_90 GPU the heuristics pick the mma engine for INT4 (MXFP8 keeps the Triton
     engines), and the default path matches the reference at one token."""
     assert moe_decode_config(1, 8, 48, 7168, 2048, "int4", native=True).engine == "mma"
     assert moe_decode_config(1, 8, 48, 7168, 2048, "mxfp8", native=True).engine != "mma"
     e, h, inter, k = 8, 512, 256, 4
-    w13, w2, _, _, r13, r2 = _weights("int4", e, h, inter, gen, "cuda")
+    w13, w2, _, _, r13, r2 = moe_expert_weights("int4", e, h, inter, gen, "cuda")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = random_topk_ids(1, k, e, generator=gen)
     tw = random_topk_weights(1, k, generator=gen)
@@ -473,19 +386,19 @@ def test_mma_engine_refusals(gen):
     """The mma engine: tiles outside its set, MXFP8 weights, and (on the CPU tier) a device
     that cannot run Gluon are refused with clear errors."""
     with pytest.raises(ValueError, match="engine 'mma'"):
-        md._validate_config(DecodeConfig("mma", 64, 16, 8, 4, 6))
+        heuristics.validate_config(DecodeConfig("mma", 64, 16, 8, 4, 6))
     with pytest.raises(ValueError, match="engine 'mma'"):
-        md._validate_config(DecodeConfig("mma", 16, 16, 4, 4, 6))
+        heuristics.validate_config(DecodeConfig("mma", 16, 16, 4, 4, 6))
     with pytest.raises(ValueError, match="split_down"):
-        md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 6, split_down=3))
+        heuristics.validate_config(DecodeConfig("mma", 16, 16, 8, 4, 6, split_down=3))
     with pytest.raises(ValueError, match="num_stages"):
-        md._validate_config(DecodeConfig("mma", 16, 16, 8, 4, 2))
+        heuristics.validate_config(DecodeConfig("mma", 16, 16, 8, 4, 2))
     e, h, inter, k = 2, 64, 32, 1
-    w13, w2, _, _, _, _ = _weights("mxfp8", e, h, inter, gen, "cpu")
+    w13, w2, _, _, _, _ = moe_expert_weights("mxfp8", e, h, inter, gen, "cpu")
     hidden = torch.randn(1, h, generator=gen).to(torch.bfloat16)
     ids = torch.zeros(1, k, dtype=torch.int32)
     with pytest.raises(ValueError, match="k256-interleaved"):
         moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 16, 16, 8, 4, 6))
-    w13, w2, _, _, _, _ = _weights("int4", e, h, inter, gen, "cpu")
+    w13, w2, _, _, _, _ = moe_expert_weights("int4", e, h, inter, gen, "cpu")
     with pytest.raises(ValueError, match="CUDA"):
         moe_decode_gate_up(hidden, ids, w13, config=DecodeConfig("mma", 16, 16, 8, 4, 6))
