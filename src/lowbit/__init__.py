@@ -5,8 +5,9 @@ points below are resolved on first attribute access, so ``TRITON_INTERPRET=1`` c
 set after ``import lowbit`` (it must be set before the first kernel is touched).
 
 Sub-packages: `formats` (number formats), `routing` (MoE routing layouts), `reference`
-(pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`; modules `moe`
-(`moe_experts`: the expert part of a MoE block) and `linear`.
+(pure-PyTorch FP32 ground truth), `kernels` (Triton), `testing`, `bench`, `checkpoint`
+(loading Hugging Face checkpoints; ``lowbit.checkpoint.open(path)``, imported on first use);
+modules `moe` (`moe_experts`: the expert part of a MoE block) and `linear`.
 """
 
 from importlib import import_module
@@ -31,10 +32,15 @@ _LAZY = {
     "moe_experts": ("lowbit.moe", "moe_experts"),
 }
 
-__all__ = ["__version__", "formats", "FormatError", *_LAZY]
+#: sub-packages imported on first attribute access
+_LAZY_SUBMODULES = ("checkpoint",)
+
+__all__ = ["__version__", "formats", "FormatError", *_LAZY_SUBMODULES, *_LAZY]
 
 
 def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return import_module(f"lowbit.{name}")
     if name in _LAZY:
         mod, attr = _LAZY[name]
         value = getattr(import_module(mod), attr)
