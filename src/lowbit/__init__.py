@@ -7,7 +7,8 @@ set after ``import lowbit`` (it must be set before the first kernel is touched).
 Sub-packages, in import order (each imports only those before it): `runtime` (shared GPU
 helpers), `formats` (number formats and prepared weight layouts), `routing` (MoE routing layouts
 and their kernels), `reference` (pure-PyTorch FP32 ground truth), `kernels` (a package per
-family), `layers` (`moe_experts`, `linear`), `models`, `testing`, `bench` and the CLI.
+family), `layers` (`moe_experts`, `linear`), `checkpoint` (Hugging Face checkpoints:
+``lowbit.checkpoint.open(path)``, imported on first use), `models`, `testing`, `bench` and the CLI.
 """
 
 from importlib import import_module
@@ -33,10 +34,15 @@ _LAZY = {
     "linear": ("lowbit.layers.linear", "linear"),
 }
 
-__all__ = ["__version__", "formats", "FormatError", *_LAZY]
+#: sub-packages imported on first attribute access
+_LAZY_SUBMODULES = ("checkpoint",)
+
+__all__ = ["__version__", "formats", "FormatError", *_LAZY_SUBMODULES, *_LAZY]
 
 
 def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return import_module(f"lowbit.{name}")
     if name in _LAZY:
         mod, attr = _LAZY[name]
         value = getattr(import_module(mod), attr)

@@ -41,7 +41,8 @@ class QuantizedTensor:
     codes: the element codes, one per element, shape ``[..., K]`` (``uint8`` for 4-bit codes,
         ``torch.float8_e4m3fn`` for FP8 elements).
     scales: one scale per group, shape ``[..., K // group_size]`` (dtype is the format's).
-    global_scale: optional FP32 scalar tensor (NVFP4's second level), else ``None``.
+    global_scale: optional FP32 tensor (NVFP4's second level): one value, or ``[..., N, 1]``
+        (one per row, for stacked tensors that each had their own), else ``None``.
     fmt: the registered format name.
     """
 
@@ -58,8 +59,12 @@ class QuantizedTensor:
         return get_format(self.fmt).dequantize(self)
 
     def select(self, index: int) -> "QuantizedTensor":
-        """The slice ``[index]`` along the leading (expert) dim, codes and scales together."""
-        return QuantizedTensor(self.codes[index], self.scales[index], self.fmt, self.global_scale)
+        """The slice ``[index]`` along the leading (expert) dim, codes and scales together
+        (and a per-row global scale with them)."""
+        g = self.global_scale
+        if g is not None and g.dim() == self.codes.dim():
+            g = g[index]
+        return QuantizedTensor(self.codes[index], self.scales[index], self.fmt, g)
 
 
 class Format:

@@ -273,6 +273,22 @@ def quantize_nvfp4(
     return pack_fp4(codes), scales, g
 
 
+def _as_row_global_scales(global_scale: torch.Tensor | float, codes: torch.Tensor, who: str) -> torch.Tensor:
+    """One global scale for the tensor (`_as_global_scale`), or one per row: float32
+    ``[..., N, 1]`` matching ``codes [..., N, K]`` (stacked tensors that each had their own, e.g.
+    a checkpoint's experts, or gate rows and up rows). Positive and finite either way."""
+    if isinstance(global_scale, torch.Tensor) and global_scale.numel() != 1:
+        want = (*codes.shape[:-1], 1)
+        if global_scale.dtype != torch.float32 or tuple(global_scale.shape) != want:
+            raise FormatError(f"{who}: global_scale must be one float32 value or float32 {want} (one per row), "
+                              f"got {global_scale.dtype} {tuple(global_scale.shape)}")
+        g = global_scale.to(codes.device)
+        if not bool((torch.isfinite(g) & (g > 0)).all()):
+            raise FormatError(f"{who}: global_scale must be positive and finite")
+        return g
+    return _as_global_scale(global_scale, codes.device, who)
+
+
 def _dequantize_nvfp4_codes(
     codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | float, who: str
 ) -> torch.Tensor:
@@ -280,7 +296,7 @@ def _dequantize_nvfp4_codes(
     if codes.shape[-1] % NVFP4_GROUP:
         raise FormatError(f"{who}: K={codes.shape[-1]} is not a multiple of {NVFP4_GROUP}")
     _check_scales(scales, torch.float8_e4m3fn, (*codes.shape[:-1], codes.shape[-1] // NVFP4_GROUP), who)
-    g = _as_global_scale(global_scale, codes.device, who)
+    g = _as_row_global_scales(global_scale, codes, who)
     return e2m1_to_float(codes) * expand_groups(scales.float() * g, NVFP4_GROUP)
 
 
@@ -288,7 +304,8 @@ def dequantize_nvfp4(
     packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | float
 ) -> torch.Tensor:
     """``packed uint8 [..., K/2]``, ``scales float8_e4m3fn [..., K/16]``, float32
-    ``global_scale`` -> float32 ``[..., K]`` = ``e2m1_value * (float(scale) * global_scale)``."""
+    ``global_scale`` (one value, or ``[..., N, 1]``: one per row) -> float32 ``[..., K]`` =
+    ``e2m1_value * (float(scale) * global_scale)``."""
     return _dequantize_nvfp4_codes(unpack_fp4(packed), scales, global_scale, "dequantize_nvfp4")
 
 
@@ -326,7 +343,9 @@ class Mxfp4(Format):
 
 @register_format
 class Nvfp4(Format):
-    """E2M1 codes (unpacked ``uint8`` 0..15), one E4M3 scale per 16, one FP32 global scale."""
+    """E2M1 codes (unpacked ``uint8`` 0..15), one E4M3 scale per 16, one FP32 global scale
+    (`quantize` makes one for the tensor; a stack of tensors may carry one per row,
+    ``float32 [..., N, 1]``)."""
 
     name = "nvfp4"
     group_size = NVFP4_GROUP
@@ -348,6 +367,7 @@ class Nvfp4(Format):
         super().check_quantized(q)
         if q.global_scale is None:
             raise FormatError(f"{self.name}: a QuantizedTensor needs its global_scale")
+        _as_row_global_scales(q.global_scale, q.codes, self.name)
 
     def dequantize(self, q: QuantizedTensor) -> torch.Tensor:
         self.check_quantized(q)
@@ -363,7 +383,8 @@ class Nvfp4(Format):
         missing = {"packed", "scales", "global_scale"} - set(packed)
         if missing:
             raise FormatError(f"{self.name}: packed form lacks {sorted(missing)}")
-        g = _as_global_scale(packed["global_scale"], packed["packed"].device, self.name)
-        q = QuantizedTensor(codes=unpack_fp4(packed["packed"]), scales=packed["scales"], fmt=self.name, global_scale=g)
+        codes = unpack_fp4(packed["packed"])
+        g = _as_row_global_scales(packed["global_scale"], codes, self.name)
+        q = QuantizedTensor(codes=codes, scales=packed["scales"], fmt=self.name, global_scale=g)
         self.check_quantized(q)
         return q

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .base import FormatError, QuantizedTensor
-from .int4 import INT4_GROUP, Int4G32, from_compressed_tensors
+from .int4 import _LITTLE_ENDIAN, INT4_GROUP, Int4G32, from_compressed_tensors, refuse_zero_point
 
 __all__ = ["W4A16Weight", "pack_w4a16", "pack_w4a16_grouped", "unpack_w4a16", "PACK_K", "LAYOUT_K256_GROUP_NIBBLES", "PROFILES",
            "SCALE_RANGE"]
@@ -105,11 +105,27 @@ def _check_scale_range(scales: torch.Tensor) -> None:
                           f"exact dequantization), got {float(mag[bad][0]):.3e}")
 
 
+def _tile_words(codes: torch.Tensor) -> torch.Tensor:
+    """codes ``uint8 [E, N, Kp]`` (Kp a multiple of 256) -> ``int32 [E, N, Kp/8]``: inside each
+    256-wide tile, word j = sum_i code[32i + j] << 4i."""
+    e, n, kp = codes.shape
+    c = codes.view(e, n, kp // PACK_K, 8, 32)
+    if _LITTLE_ENDIAN:
+        # byte b of word j holds groups 2b (low nibble) and 2b + 1 (high nibble)
+        pairs = c[:, :, :, 0::2, :] | (c[:, :, :, 1::2, :] << 4)
+        return pairs.transpose(-1, -2).contiguous().view(torch.int32).reshape(e, n, kp // 8)
+    c = c.to(torch.int64)
+    shifts = (torch.arange(8, device=c.device, dtype=torch.int64) * 4).view(1, 1, 1, 8, 1)
+    words = (c << shifts).sum(dim=3)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(e, n, kp // 8)
+
+
 def pack_w4a16(
     weight: QuantizedTensor | torch.Tensor,
     scale: torch.Tensor | None = None,
     *,
     profile: str = "indexed",
+    zero_point: torch.Tensor | None = None,
 ) -> W4A16Weight:
     """Prepare INT4 group-32 expert weights for the W4A16 kernels.
 
@@ -117,8 +133,11 @@ def pack_w4a16(
         ``uint8 [E, N, K]`` (values 0..15) with `scale`; or compressed-tensors ``weight_packed
         int32 [E, N, K/8]`` with `scale`. scale: ``bf16 [E, N, K/32]``.
     profile: the kernel family: ``"indexed"``, ``"contiguous"`` or ``"masked"``.
+    zero_point: must be None: a checkpoint's ``weight_zero_point`` (an asymmetric scheme) raises
+        `FormatError`, since the kernels compute ``(q - 8) * s``.
     Returns a `W4A16Weight` on the weight's device.
     """
+    refuse_zero_point(zero_point, "pack_w4a16")
     if profile not in PROFILES:
         raise FormatError(f"unknown W4A16 profile {profile!r}; one of {PROFILES}")
     q = _logical(weight, scale)
@@ -133,12 +152,7 @@ def pack_w4a16(
     if kp != k:
         codes = torch.nn.functional.pad(codes, (0, kp - k), value=8)
         scales = torch.nn.functional.pad(scales, (0, (kp - k) // INT4_GROUP), value=1.0)
-    # [E, N, Kp/256, 8 groups (nibble i), 32 (word j)] -> word j = sum_i code[32i + j] << 4i
-    c = codes.view(e, n, kp // PACK_K, 8, 32).to(torch.int64)
-    shifts = (torch.arange(8, device=c.device, dtype=torch.int64) * 4).view(1, 1, 1, 8, 1)
-    words = (c << shifts).sum(dim=3)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    qweight = words.reshape(e, n, kp // 8).contiguous()
+    qweight = _tile_words(codes.contiguous())
     return W4A16Weight(qweight, scales.transpose(1, 2).contiguous(), n, k, LAYOUT_K256_GROUP_NIBBLES, profile)
 
 
@@ -146,6 +160,8 @@ def pack_w4a16_grouped(
     weight: QuantizedTensor | torch.Tensor,
     scale: torch.Tensor | None = None,
     mode: str = "contiguous",
+    *,
+    zero_point: torch.Tensor | None = None,
 ) -> W4A16Weight:
     """`pack_w4a16` for the grouped kernels: the same physical layout, recorded for `mode`
     (``"contiguous"`` or ``"masked"``), so a weight packed for one mode fed to the other mode's
@@ -153,7 +169,7 @@ def pack_w4a16_grouped(
     / a `QuantizedTensor`; scale ``bf16 [G, N, K/32]``."""
     if mode not in ("contiguous", "masked"):
         raise FormatError(f"pack_w4a16_grouped: mode must be 'contiguous' or 'masked', got {mode!r}")
-    return pack_w4a16(weight, scale, profile=mode)
+    return pack_w4a16(weight, scale, profile=mode, zero_point=zero_point)
 
 
 def unpack_w4a16(w: W4A16Weight) -> QuantizedTensor:
