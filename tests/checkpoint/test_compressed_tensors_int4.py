@@ -117,7 +117,7 @@ def test_experts_subset_in_the_order_asked(kimi_like):
 def test_profile_and_moe_experts_run_on_the_loaded_weights(kimi_like, gen):
     """The prepared weights go straight into `moe_experts` (the Triton interpreter on the CPU
     tier) and agree with the FP32 reference on compressed-tensors' dequantized weights."""
-    from lowbit.moe import moe_experts
+    from lowbit import moe_experts
     from lowbit.reference import moe_experts_ref
 
     path, ref = kimi_like

@@ -91,7 +91,7 @@ def test_fp8_linear_weight_and_compressed_tensors_dequantizer(tmp_path, gen):
 
 
 def test_fp8_linear_weight_runs_in_linear(tmp_path, gen):
-    from lowbit.linear import linear
+    from lowbit import linear
 
     path = tmp_path / "v3"
     _fp8_checkpoint(path, gen, scale_fmt=None, qcfg=FP8_V3)
