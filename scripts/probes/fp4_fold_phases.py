@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python scripts/probes/fp4_fold_phases.py
 
-Phases: `_fold_weight` (FP4 -> FP8 + per-row scales + flags), the Gluon GEMM with per-row
+Phases: `portable.fold_weight` (FP4 -> FP8 + per-row scales + flags), the Gluon GEMM with per-row
 scales, the fixup launch (all flags 0: every program exits), and for comparison `fp8_gemm`'s
 Gluon GEMM with 128x128 block scales on the same shape. CUDA graph, L2 flushed by reads.
 """
@@ -11,6 +11,7 @@ import torch
 
 from lowbit.bench.timing import measure
 from lowbit.kernels.block_scaled import fp4 as f4
+from lowbit.kernels.block_scaled import portable
 from lowbit.kernels.block_scaled.fp8 import fp8_gemm, fp8_gemm_config
 from lowbit.kernels.block_scaled.hopper_fp8 import fp8_gemm_sm90_launch
 
@@ -24,16 +25,16 @@ def main() -> None:
         b_s = torch.randint(120, 130, (n, k // 32), device="cuda", dtype=torch.uint8, generator=g)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         cfg = f4.fp4_gemm_config(m, n, k, 128, 132, True)
-        w8, w8_s, left = f4._fold_weight(b, b_s)
+        w8, w8_s, left = portable.fold_weight(b, b_s)
         b8 = torch.randn(n, k, device="cuda", generator=g).to(torch.float8_e4m3fn)
         b8_s = torch.rand((n + 127) // 128, k // 128, device="cuda", generator=g) + 0.5
         c8 = fp8_gemm_config(m, n, k, 132, True)
         t = {
-            "fold": measure(lambda: f4._fold_weight(b, b_s), cuda_graph=True, rep_ms=20).median_us,
+            "fold": measure(lambda: portable.fold_weight(b, b_s), cuda_graph=True, rep_ms=20).median_us,
             "gemm_per_row": measure(lambda: fp8_gemm_sm90_launch(a, a_s, w8, w8_s, out, m, n, k, 64, 128, 4, 4,
                                                                  b_scale_per_row=True),
                                     cuda_graph=True, rep_ms=20).median_us,
-            "fixup_empty": measure(lambda: f4._fold_fixup(a, a_s, b, b_s, left, out), cuda_graph=True,
+            "fixup_empty": measure(lambda: portable.fold_fixup(a, a_s, b, b_s, left, out), cuda_graph=True,
                                    rep_ms=20).median_us,
             "fp4_gemm": measure(lambda: f4.fp4_gemm(a, a_s, b, b_s, 128, out=out), cuda_graph=True,
                                 rep_ms=20).median_us,

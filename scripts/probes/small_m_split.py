@@ -12,7 +12,8 @@ import torch
 
 from lowbit.bench.timing import measure
 from lowbit.kernels.block_scaled.fp4 import fold_fp4_weight, fp4_gemm, fp4_gemm_config
-from lowbit.kernels.block_scaled.fp8 import BlockScaledConfig, fp8_gemm, fp8_gemm_config, gluon_split_k
+from lowbit.kernels.block_scaled.fp8 import BlockScaledConfig, fp8_gemm, fp8_gemm_config
+from lowbit.kernels.block_scaled.heuristics import gluon_split_k
 from lowbit.kernels.quant import act_quant, fp4_quant
 
 

@@ -1,6 +1,6 @@
 """sparse_attn's engines side by side in one process (CUDA graph, L2 flushed by a read, as the
 bench): the Triton kernel (its heuristic) and the Gluon kernel (`sparse_attn_sm90`) at each of
-its tiles and several top-k splits, at the issue-6 decode point (b=64, s=1, h=64, d=512, top-k
+its tiles and several top-k splits, at the decode point (b=64, s=1, h=64, d=512, top-k
 2048 over 64k KV rows a batch) and the bench's prefill point (b=1, s=1024, same heads / top-k); outputs
 compared with the Triton kernel's (relative Frobenius error). GB/s on the gathered bytes.
 `bounds`: the Gluon kernel (its first tile, splits 1 and 2) at the decode point with pieces removed
@@ -9,7 +9,7 @@ PV products, the gather alone; then the random-row read ceiling (a Triton kernel
 reads and sums the same rows).
 `ab OLD_FILE`: another version of `sparse_attn_sm90` (its launcher, its own tile table) beside
 the current one at both points, splits 1-3, outputs compared (save it first, e.g. `git show
-REV:src/lowbit/kernels/sparse_attn_sm90.py > scratch/old.py`, and carry `scratch`; a version
+REV:src/lowbit/kernels/attention/hopper.py > scratch/old.py`, and carry `scratch`; a version
 from before the in-kernel fold gets its workspace and the combine kernel, `_with_combine`).
 Usage: python scripts/probes/sparse_attn_engines.py [decode] [prefill] [bounds] [ab OLD_FILE]"""
 import math
@@ -20,7 +20,7 @@ import torch
 
 from lowbit.bench.timing import measure
 from lowbit.kernels.attention.sparse_attn import SparseAttnConfig, sparse_attn, sparse_attn_config
-from lowbit.kernels.attention.hopper import GLUON_TILES
+from lowbit.kernels.attention.tiles import GLUON_TILES
 
 POINTS = {"decode": (64, 1, 64, 2048, 65536), "prefill": (1, 1024, 64, 2048, 65536)}
 
@@ -115,7 +115,8 @@ def _with_combine(launch):
 
     import triton
 
-    from lowbit.kernels.attention import sparse_attn as sa
+    from lowbit.kernels.attention import portable
+    from lowbit.kernels.attention.tiles import COMBINE_HEADS
 
     if "dst" not in inspect.signature(launch).parameters:
         return launch
@@ -125,9 +126,9 @@ def _with_combine(launch):
         dst = out if splits == 1 else torch.empty(b * s, splits, h, d + 2, dtype=torch.float32, device=q.device)
         launch(q, kv, sink, idx, dst, out, qk_scale, per, splits, block_kv, stages)
         if splits > 1:
-            sa._sparse_attn_combine_kernel[(b * s, triton.cdiv(h, sa._COMBINE_HEADS))](
+            portable._sparse_attn_combine_kernel[(b * s, triton.cdiv(h, COMBINE_HEADS))](
                 dst, sink, out, h, s, splits, out.stride(0), out.stride(1), out.stride(2),
-                D=d, BD=d, HC=sa._COMBINE_HEADS, num_warps=4)
+                D=d, BD=d, HC=COMBINE_HEADS, num_warps=4)
     return run
 
 
@@ -137,19 +138,19 @@ def ab(old_file):
     import lowbit.kernels.attention.sparse_attn as sa
     import lowbit.kernels.attention.hopper as sm90
 
-    spec = importlib.util.spec_from_file_location("lowbit.kernels.sparse_attn_sm90_old", old_file)  # relative imports resolve
+    spec = importlib.util.spec_from_file_location("lowbit.kernels.attention.hopper_old", old_file)  # relative imports resolve
     old = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = old
     spec.loader.exec_module(old)
-    check, launch = sa._check_config, sm90.sparse_attn_sm90_launch
-    sa._check_config = lambda c: c  # the old version's tiles are not the current table's
+    check, launch = sa.check_config, sm90.sparse_attn_sm90_launch
+    sa.check_config = lambda c: c  # the old version's tiles are not the current table's
     for name in ("decode", "prefill"):
         q, kv, sink, idx = _inputs(name)
         b, s, h, topk, _ = POINTS[name]
         base = sparse_attn_config(b, s, h, "cuda", topk)
         ref = sparse_attn(q, kv, sink, idx, config=base)
-        for tag, fn, tiles in (("old", _with_combine(old.sparse_attn_sm90_launch), old.GLUON_TILES),
-                               ("new", launch, sm90.GLUON_TILES)):
+        for tag, fn, tiles in (("old", _with_combine(old.sparse_attn_sm90_launch), getattr(old, "GLUON_TILES", GLUON_TILES)),
+                               ("new", launch, GLUON_TILES)):
             sm90.sparse_attn_sm90_launch = fn
             for bk, stages in tiles:
                 for split in (1, 2, 3):
@@ -158,7 +159,7 @@ def ab(old_file):
                     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
                     us = measure(lambda cfg=cfg: sparse_attn(q, kv, sink, idx, config=cfg), cuda_graph=True).median_us
                     print(f"ab {name:8s} {tag} BK {bk} stages {stages} split {split}  {us:8.1f} us  diff {err:.1e}")
-    sa._check_config, sm90.sparse_attn_sm90_launch = check, launch
+    sa.check_config, sm90.sparse_attn_sm90_launch = check, launch
 
 
 def main():
