@@ -3,7 +3,7 @@ a read before each call), beside the fp4_gemm mma engine with its K split and wi
 
 Rows: an empty kernel (the harness floor); a Triton kernel reading the FP4 weight's bytes once
 (16-byte loads, a few programs an SM: the bandwidth floor of the same bytes after a flush); the
-split-K reduction alone (`fp8_gemm.splitk_reduce`, the engine's second launch); the mma engine
+split-K reduction alone (`splitk.splitk_reduce`, the engine's second launch); the mma engine
 at the heuristic's split and at other splits. Usage: python scripts/probes/block_scaled/small_floor.py"""
 import torch
 import triton
@@ -12,7 +12,7 @@ import triton.language as tl
 from lowbit.bench.timing import measure
 from lowbit.kernels.block_scaled import fp4 as f4
 from lowbit.kernels.block_scaled.hopper_fp4 import decode_mma_launch
-from lowbit.kernels.block_scaled.fp8 import splitk_reduce
+from lowbit.kernels.block_scaled.splitk import splitk_reduce
 from lowbit.kernels.quant import act_quant, fp4_quant
 
 

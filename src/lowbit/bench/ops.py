@@ -609,7 +609,8 @@ class Fp8GemmLowbit(OpProvider):
     name = "lowbit"
 
     def prepare(self, problem: OpProblem) -> None:
-        from ..kernels.block_scaled.fp8 import fp8_gemm, fp8_gemm_config, gluon_capable, num_sms  # noqa: PLC0415
+        from ..kernels.block_scaled.fp8 import fp8_gemm, fp8_gemm_config, gluon_capable  # noqa: PLC0415
+        from ..runtime.device import num_sms  # noqa: PLC0415
 
         i = problem.inputs
         cfg = (fp8_gemm_config(i["m"], i["n"], i["k"], num_sms(i["a"].device), gluon_capable(i["a"], i["b"]))
@@ -646,7 +647,7 @@ class Fp4GemmLowbit(OpProvider):
 
     def prepare(self, problem: OpProblem) -> None:
         from ..kernels.block_scaled.fp4 import fold_capable, fp4_gemm, fp4_gemm_config, mma_capable  # noqa: PLC0415
-        from ..kernels.block_scaled.fp8 import num_sms  # noqa: PLC0415
+        from ..runtime.device import num_sms  # noqa: PLC0415
 
         i = problem.inputs
         cfg = (fp4_gemm_config(i["m"], i["n"], i["k"], 128, num_sms(i["a"].device), fold_capable(i["a"]),

@@ -57,6 +57,7 @@ from ..formats.fp8 import FP8_AMAX_FLOOR, FP8_E4M3_MAX, FP8_GROUP_SIZES, FP8_SCA
 from ..runtime import numerics, overrides
 from ..runtime.numerics import INTERPRET
 from ..runtime.device import H200_NUM_SMS
+from .compile_tier import KernelConfig
 
 __all__ = [
     "act_quant",
@@ -234,8 +235,8 @@ def _fp4_scale(amax, E4M3: tl.constexpr):
 #:             code = (exponent * 2 + bit) - 252; the paths meet as max(norm, min(sub, 2)),
 #:             carried with a +252 bias so no 16-bit lane ever borrows from its neighbour
 #:   saturate at 7; the sign bit of x (= that of v: the scale is positive) becomes bit 3
-#: ~17 instructions for two elements where the compare chain took ~28 for one (sm_90 SASS).
-#: `tests/test_quant_kernels.py` checks the lane algorithm on every bf16 bit pattern (CPU).
+#: ~17 instructions for two elements where the compare chain takes ~28 for one (sm_90 SASS).
+#: The CPU tests check the lane algorithm on every bf16 bit pattern.
 _MX_CODES_BF16X2_PTX: tl.constexpr = tl.constexpr("""
 {
 .reg .b32 a, sg, t, n, b, two, c128, kt, k252, k254, k259;
@@ -302,7 +303,8 @@ def _fp4_quant_kernel(
             amax = (tl.maximum(m & 0xFFFF, m >> 16) << 16).to(tl.float32, bitcast=True)
             s, s_stored = _fp4_scale(amax, E4M3)
             # bf16 MXFP4 on the GPU: both elements of a word in packed bf16 / u16x2 arithmetic
-            # (the compare chain below was the kernel's bound: 0.41 of copy bandwidth on the H200)
+            # (the compare chain below bounds the kernel on this path)
+            # H200, 2026-11-29, commit 895636f: the compare chain reached 0.41 of copy bandwidth
             inv16 = inverse_pow2(s).to(tl.int32, bitcast=True) >> 16  # a power of two: exact in bf16
             inv2 = tl.broadcast_to((inv16 | (inv16 << 16))[:, None], w.shape)
             byte = tl.inline_asm_elementwise(_MX_CODES_BF16X2_PTX, "=r,r,r,r", [w_abs, inv2, w], dtype=tl.int32,
@@ -322,15 +324,12 @@ def _fp4_quant_kernel(
 #: bytes of x one program reads, largest first, per kernel path; the heuristic halves down to
 #: the smallest. Paths: "act_quant"; "fp4_quant" = bf16 MXFP4 codes, two lanes an instruction
 #: (`_MX_CODES_BF16X2_PTX`); "fp4_quant_fp32" = the FP32 element paths (E4M3 scales, fp16 / fp32
-#: input, in place). H200, 2026-11-30, bf16 16384x7168, CUDA graph
-#: (`scripts/sweeps/fp4_quant_tiles.json`, two calls): "fp4_quant" 32 KB with 4 warps 77.2 /
-#: 77.4 us, 16 KB with 4 warps 80.7 / 80.9, with 2 warps 83.3, with 8 warps 79.9; 64 KB 83.4
-#: (8 warps), 95.7 (4). act_quant at 16 KB / 64 B a thread runs at 99.7% of the copy bandwidth.
-#: "fp4_quant_fp32" keeps the byte model (16 KB, 64 B a thread): at 256 B a thread its E4M3
-#: in-place kernel spills.
+#: input, in place), which keep the byte model (at 256 B a thread the E4M3 in-place kernel spills).
+#: H200, 2026-11-30, commit 42b5687: fp4_quant bf16 16384x7168 32 KB 4 warps 77.2 us, 16 KB 80.7, 64 KB 83.4.
+#: H200, 2026-11-30, commit 761991f: act_quant at 16 KB / 64 B a thread, 99.7% of the copy bandwidth.
 TILE_BYTES = {"act_quant": (16384, 8192, 4096, 2048), "fp4_quant": (32768, 16384, 8192, 4096, 2048),
               "fp4_quant_fp32": (16384, 8192, 4096, 2048)}
-#: bytes of x a thread reads (in 16-byte vector loads), per path (the sweep above)
+#: bytes of x a thread reads (in 16-byte vector loads), per path (measured with `TILE_BYTES`)
 BYTES_PER_THREAD = {"act_quant": 64, "fp4_quant": 256, "fp4_quant_fp32": 64}
 
 
@@ -409,6 +408,7 @@ def quant_config(kind: str, total_groups: int, block: int, elem_bytes: int = 2, 
 
 
 def explain_quant_config(kind: str, rows: int, k: int, block: int, elem_bytes: int = 2) -> str:
+    """`quant_config`'s choice for ``rows`` rows of K elements in groups of `block`, as one line."""
     c = quant_config(kind, rows * (k // block), block, elem_bytes)
     return (f"{kind} rows={rows} K={k} block={block}: groups_per_program={c.groups_per_program} "
             f"warps={c.num_warps} -- {c.reason}")
@@ -578,12 +578,10 @@ def fp4_quant(
 
 
 # --------------------------------------------------------------------------- compile tier
-def compile_configs():
+def compile_configs() -> list[KernelConfig]:
     """Every configuration the heuristics pick (each tile x its warps) for each production
     variant: bf16 input x block x scale format x in-place; the float32-input variants at the
     largest tile."""
-    from .compile_tier import KernelConfig
-
     def sig(x, q, s, flag):  # in the kernels' argument order
         return {"x_ptr": f"*{x}", q[0]: q[1], "s_ptr": s, "total_groups": "i32", "groups_per_row": "i32",
                 "stride_xm": "i32", "BLOCK": "constexpr", "GROUPS": "constexpr", flag: "constexpr",

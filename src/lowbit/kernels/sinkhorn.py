@@ -33,6 +33,7 @@ import triton.language as tl
 
 from ..runtime import overrides
 from ..runtime.device import H200_NUM_SMS
+from .compile_tier import KernelConfig
 
 __all__ = ["hc_split_sinkhorn", "SinkhornConfig", "sinkhorn_config", "explain_sinkhorn_config", "ENV_OVERRIDES"]
 
@@ -140,6 +141,7 @@ def sinkhorn_config(n: int, hc: int = 4) -> SinkhornConfig:
 
 
 def explain_sinkhorn_config(n: int, hc: int = 4) -> str:
+    """`sinkhorn_config`'s choice for ``n`` tokens, as one line."""
     c = sinkhorn_config(n, hc)
     return f"hc_split_sinkhorn n={n} hc={hc}: tokens_per_program={c.tokens_per_program} warps={c.num_warps} -- {c.reason}"
 
@@ -215,10 +217,8 @@ def hc_split_sinkhorn(
 
 
 # --------------------------------------------------------------------------- compile tier
-def compile_configs():
+def compile_configs() -> list[KernelConfig]:
     """Every row of `SINKHORN_TABLE` for DeepSeek V4's hc = 4 (other hc compile on first use)."""
-    from .compile_tier import KernelConfig
-
     sig = {"mixes_ptr": "*fp32", "scale_ptr": "*fp32", "base_ptr": "*fp32", "pre_ptr": "*fp32",
            "post_ptr": "*fp32", "comb_ptr": "*fp32", "n": "i32", "stride_mix": "i32", "iters": "i32",
            "eps": "fp32", "HC": "constexpr", "HCP": "constexpr", "TOKENS": "constexpr"}

@@ -2,17 +2,15 @@
 and two consumer warpgroups that take alternate blocks' scores and share each block's
 ``P kv`` by halves of d, so one's softmax runs under the other's products.
 
-Why it exists. The Triton kernel (`sparse_attn._sparse_attn_kernel`) runs one 197 KB CTA an SM
-that issues the cp.async gather of block j + 1, then waits, multiplies ``S = q kv^T``, takes
-the online softmax and multiplies ``P kv`` for block j, all in the same eight warps: ncu on
-the H200 decode point (twelfth session) read 0.27 instructions issued a cycle per scheduler,
-2 warps a scheduler of which 0.38 eligible, 35% of DRAM bandwidth, 83 us.
+The portable kernel issues the gather of block j + 1, then waits, multiplies ``S = q kv^T``,
+takes the online softmax and multiplies ``P kv`` for block j, all in the same eight warps:
+few warps are eligible to issue and the DRAM bandwidth is far from used. Here the gather runs
+in a producer partition and the two consumers overlap each other's softmax with products.
 
 Design (one program = one query position x 64 heads x one share of the top-k slots, as the
-Triton kernel's grid; the same FP32 online softmax in base 2; split shares folded in the
-kernel, see the last point). Blocks come in pairs:
-block 2t is WG0's, block 2t + 1 WG1's (the "seesaw" schedule of FlashMLA's Hopper kernels,
-written here from its description, not its code):
+portable kernel's grid; the same FP32 online softmax in base 2). Blocks come in pairs: block 2t
+is WG0's, block 2t + 1 WG1's (the "seesaw" schedule of FlashMLA's Hopper kernels, written here
+from its description, not its code):
 
 - Shared memory: q as two ``[64, 256]`` halves of d (64 KB), two KV buffers of ``[BK, 512]``
   rows (buffer 0 always WG0's block, buffer 1 WG1's), each as two ``[BK, 256]`` halves with
@@ -36,35 +34,15 @@ written here from its description, not its code):
 - Heads are padded to 64 (q rows past h load as zeros, never stored).
 - Split top-k (decode): the last share of a query (highest grid z, so launched after the
   others: waiting on them cannot deadlock) folds the others' FP32 (acc, max, sum) records
-  into its own and stores the output. Each warpgroup of the other shares writes its half of
-  d as a thread-major record (coalesced), fences, and counts on a flag; the folding
-  warpgroup polls until every writer thread counted, fences, reads, and re-zeroes the flag
-  (flags cached per device and stream, so no memset a call). H200 (fifteenth session,
-  `scratch`-level A/B in one process): decode split 2 60.7-61.4 -> 59.1-60.3 us, split 3
-  84.0 -> 77.1 against the workspace + combine kernel; the first version, whose records
-  were stored in the wgmma layout (32 bytes of 8 rows an instruction) and whose wait ran
-  once per row held (16 gpu-scope fences a thread), was 5-13 us slower than the combine.
+  into its own and stores the output; no second kernel. Each warpgroup of the other shares
+  writes its half of d as a thread-major record (coalesced), fences, and counts on a flag; the
+  folding warpgroup polls until every writer thread counted, fences, reads, and re-zeroes the
+  flag (flags cached per device and stream, so no memset a call).
 - The buffers' and q's indices go through a zero the compiler cannot prove (``t // (npairs +
   1)``): with constant indices it hoisted all 32 wgmma descriptors of the scores out of the
   loop and spilled them.
 
-What the pairing buys over the twelfth / thirteenth sessions' kernel (two warpgroups on every
-block, 32 slots each for S and 256 columns each for P kv: two cross-warpgroup exchanges and
-about ten partition barriers a block): S runs as 64-slot wgmmas, no score tile crosses a
-warpgroup, and the exchanges are one-way hand-offs on mbarriers. H200 (fourteenth session,
-`scripts/probes/sparse_attn_engines.py ab`, one process, over the four steps in
-`docs/performance.md`): decode (b=64, h=64, top-k 2048) split 2 63.7 -> 60.4-61.0 us, split 1
-84.6 -> 70.2; prefill (b=1, s=1024) 664.6 -> 542.7. What bounds it (decode,
-`sparse_attn_engines.py bounds`): the gather alone (consumers freeing each half buffer as it
-lands) takes 46.0 us at one split, 55.3 at two (the combine and the FP32 share workspace
-included), against 36.7 us for a Triton kernel that only reads the same rows (3.66 TB/s): two
-64 KB buffers a CTA beside q's 64 KB are too few bytes in flight. Without the gather the
-consumers take 50.1 us at two splits.
-
-Status: compiled for sm_90a by the compile tier (no spills: WG0 224 registers, WG1 208, the
-gather 72); correct on the H200 (GPU tests); engine ``"gluon"`` of `sparse_attn`, its default
-on sm_90 for d = 512 and more than 32 heads (``LOWBIT_SPARSE_ATTN_ENGINE`` overrides). Gluon
-does not run under the Triton interpreter, where the Triton kernel stays the path.
+Gluon does not run under the Triton interpreter, where the portable kernel stays the path.
 """
 
 from __future__ import annotations
@@ -81,14 +59,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-__all__ = ["GLUON_TILES", "HEADS", "HEAD_DIM", "compile_configs", "sparse_attn_sm90_launch"]
+from ..compile_tier import KernelConfig
+from .portable import kernel_args
+from .tiles import GLUON_TILES, HEADS
 
-#: The only head dimension and head tile of this kernel (DeepSeek V4's MQA: d = 512).
-HEAD_DIM = 512
-HEADS = 64
-#: (block_kv, stages) the kernel is built for: two KV buffers of ``block_kv`` slots (one a
-#: consumer warpgroup), each in two halves of d with their own barriers, beside q's 64 KB.
-GLUON_TILES = ((64, 2),)
+__all__ = ["compile_configs", "sparse_attn_sm90_launch"]
 #: Registers (setmaxnreg) of the second consumer warpgroup and of the gather partition; the
 #: first consumer (the default partition) gets what is left of the 64K.
 _WG1_REGS = gl.constexpr(208)
@@ -482,8 +457,6 @@ def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, out, qk_scale: float, per: i
     aligned) into ``out`` (bf16 ``[b, s, h, 512]``); `per` slots a share (a multiple of
     block_kv). With ``splits > 1`` the shares fold in the kernel: an FP32 workspace of
     ``splits - 1`` records a head tile and half of d (65 KB each), and zeroed int32 flags."""
-    from .sparse_attn import kernel_args  # noqa: PLC0415 (the Triton engine's module imports this one lazily)
-
     b, s, h, _ = q.shape
     ws = flags = out  # unread without split shares
     if splits > 1:
@@ -497,8 +470,9 @@ def sparse_attn_sm90_launch(q, kv, sink, topk_idxs, out, qk_scale: float, per: i
 
 
 #: Fold flags per (device, stream): zero between launches (each launch's folding warpgroups
-#: zero theirs), so no memset a call (one cost 1.9 us in a CUDA graph on the H200). Per
-#: stream, because two launches running at once must not share flags.
+#: zero theirs), so no memset a call. Per stream, because two launches running at once must not
+#: share flags.
+#: H200, 2026-11-30, commit 5c4410f: the memset cost 1.9 us in a CUDA graph.
 _FLAGS: dict[tuple[int, int], torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []  # kept alive: a captured CUDA graph may still use them
 
@@ -514,10 +488,8 @@ def _fold_flags(device: torch.device, n: int) -> torch.Tensor:
     return flags
 
 
-def compile_configs():
+def compile_configs() -> list[KernelConfig]:
     """Every tile of `GLUON_TILES`, unsplit and split, for the compile tier."""
-    from ..compile_tier import KernelConfig
-
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "sink_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*bf16",
            "H": "i32", "N": "i32", "TOPK": "i32", "S": "i32",
            "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",

@@ -1,6 +1,6 @@
 """FP8 x MXFP4 decode GEMM on mma.sync: `fp4_gemm`'s engine ``"mma"`` (Gluon, sm_90).
 
-Same contract as `lowbit.kernels.block_scaled.fp4` (``c = (a * a_s) @ (e2m1(b) * 2**(b_s - 127))^T``,
+Same contract as `fp4_gemm` (``c = (a * a_s) @ (e2m1(b) * 2**(b_s - 127))^T``,
 BF16 out; reference `lowbit.reference.fp4_gemm_ref`), for the decode shapes (M <= 64 rows,
 activation scales per 128 K) where the direct Triton kernel's in-register FP4 -> FP8 fold and
 its serialized wgmma leave it at a few % of the read bandwidth.
@@ -22,8 +22,7 @@ register half), the activation pairs ``[16, cols]`` into the B fragment layout, 
 convert in inline PTX (a ``prmt`` and bit ops for four E2M1 pairs; ``cvt.rn.f16x2.e4m3x2``).
 From 32 columns (`b_in_smem`) the CTA converts each step's activations to f16 once into
 shared memory instead (even K, odd K) and the warps read f16 B fragments from there: each
-warp converting its own fragments would cost more than its weights (H200, M=64: 23.1 / 22.8
--> 21.3 / 21.1 us at a 2-warp tile).
+warp converting its own fragments would cost more than its weights.
 
 Program ``(n tile, K split)``: ``16 * num_warps`` weight rows (16 a warp, the mma's M side),
 all M rows of ``a`` padded to COLS (the N side), K steps ``split * steps_per_split ..``
@@ -32,9 +31,7 @@ bytes (16-byte copies; 16-byte units XOR-swizzled by row mod 4), the four E8M0 s
 row (one 4-byte copy), the activations (16-byte copies; units swizzled by column mod 8, so the
 B fragment reads are conflict-free) and the step's activation scales; one CTA barrier a step
 (two with the shared f16 activations). Split K writes FP32 shares that
-`fp8_gemm.splitk_reduce` sums (a second launch: at M = 16 the engine and Humming's W4A8 both
-take ~14-15 us for 1.3 us of weight bytes, so launches and latency, not bandwidth, set the
-time; `fp4_gemm.DECODE_MMA_TILES` and `_mma_config` carry the measurements).
+`splitk.splitk_reduce` sums (a second launch). Tiles: `tiles.DECODE_MMA_TILES`.
 
 Gluon does not run under the Triton interpreter: the CPU tier runs the Triton kernel; the GPU
 tests compare this engine with the FP32 reference.
@@ -48,12 +45,14 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .fp8 import split_blocks, splitk_destination, splitk_reduce
+from ..compile_tier import KernelConfig
+from .splitk import split_blocks, splitk_destination, splitk_reduce
+from .tiles import DECODE_MMA_TILES, SCALE_BLOCK
 
-__all__ = ["STEP_K", "decode_mma_launch", "decode_mma_problem", "compile_configs"]
+__all__ = ["STEP_K", "decode_mma_launch", "compile_configs"]
 
 #: K a ring step: one activation scale block
-STEP_K = 128
+STEP_K = SCALE_BLOCK
 _STEP_K: gl.constexpr = gl.constexpr(STEP_K)
 #: f16 bits of an E2M1 code encode its value times 2**-14
 _E2M1_F16_RESCALE: gl.constexpr = gl.constexpr(2.0**14)
@@ -240,24 +239,8 @@ def b_in_smem(cols: int) -> bool:
     return cols >= 32
 
 
-def decode_mma_problem(a: torch.Tensor, a_s: torch.Tensor, b: torch.Tensor, b_s: torch.Tensor,
-                       act_block_size: int) -> str | None:
-    """Why the mma engine cannot run these operands (None when it can): 128-K activation
-    blocks, K a multiple of 128, and 16-byte aligned rows of a and b (4-byte for b_s), K
-    contiguous."""
-    if act_block_size != STEP_K:
-        return f"needs act_block_size {STEP_K}, got {act_block_size}"
-    k = a.shape[1]
-    if k % STEP_K:
-        return f"needs K % {STEP_K} == 0, got K={k}"
-    for name, t, align in (("a", a, 16), ("b", b, 16), ("b_s", b_s, 4)):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % align or t.data_ptr() % align:
-            return f"needs {name} K-contiguous with {align}-byte aligned rows"
-    return None
-
-
 def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: int, split_k: int) -> None:
-    """Run the engine (operands validated by `fp4_gemm`, `decode_mma_problem` None): a
+    """Run the engine (operands validated by `fp4_gemm`, `fp4.decode_mma_problem` None): a
     ``float8_e4m3fn [M, K]``, a_s FP32 ``[M, K/128]``, b ``uint8 [N, K/2]``, b_s E8M0 ``uint8
     [N, K/32]``, out ``bf16 [M, N]``; cols >= M (a power of two >= 16), 16 * num_warps weight
     rows a program, stages the ring depth, split_k K splits (FP32 shares, then a reduction)."""
@@ -280,12 +263,9 @@ def decode_mma_launch(a, a_s, b, b_s, out, cols: int, num_warps: int, stages: in
 
 
 # =========================================================================== compile tier
-def compile_configs():
-    """The engine's tiles the heuristic picks (`fp4_gemm.DECODE_MMA_TILES`), direct and split
+def compile_configs() -> list[KernelConfig]:
+    """The engine's tiles the heuristic picks (`tiles.DECODE_MMA_TILES`), direct and split
     output, for the compile tier (mma.sync in the SASS, no spills)."""
-    from ..compile_tier import KernelConfig
-    from .fp4 import DECODE_MMA_TILES
-
     sig = {"a_ptr": "*i32", "as_ptr": "*fp32", "b_ptr": "*i32", "bs_ptr": "*i32", "c_ptr": "*bf16",
            "M": "i32", "N": "i32", "K": "i32", "steps_per_split": "i32",
            "stride_am": "i32", "stride_asm": "i32", "stride_bn": "i32", "stride_bsn": "i32", "stride_cs": "i32",

@@ -1,61 +1,37 @@
-"""Hopper (sm_90a) Gluon kernels of `fp8_gemm` for prefill tiles (also `fp4_gemm`'s fold engine):
-the K-block promotion overlapped with tensor-core products.
+"""Hopper (sm_90a) Gluon kernels of `fp8_gemm` (also `fp4_gemm`'s fold engine): the K-block
+promotion overlapped with tensor-core products.
 
-Why it exists. `fp8_gemm`'s Triton kernel computes, per 128-deep K block, ``blk = a @ b^T``
-(FP8 wgmma, FP32 result) and then ``acc += blk * (a_s * b_s)`` on the CUDA cores. Triton 3.6
-waits for every wgmma before any non-MMA use of its result (``wgmma.wait_group 0`` in the PTX
-of every variant we tried: a loop-carried previous product, a 2x-unrolled loop, TMA loads,
-``tl.range(warp_specialize=True)``), so the tensor cores idle while the promotion FMAs run and
-while the next block is issued: the H200 measured 629-634 TFLOP/s at M=4096 against 1271-1325
-for ``torch._scaled_mm``'s per-tensor FP8 GEMM (docs/performance.md). Gluon exposes the wait:
-here blocks ``2j`` and ``2j + 1`` are issued asynchronously, ``warpgroup_mma_wait(num_outstanding=1)``
-retires block ``2j`` only, and its promotion runs while block ``2j + 1`` is on the tensor cores.
+Per 128-deep K block the GEMM computes ``blk = a @ b^T`` (FP8 wgmma, FP32 result) and then
+``acc += blk * (a_s * b_s)`` on the CUDA cores. Triton 3.6 waits for every wgmma before any
+non-MMA use of its result (``wgmma.wait_group 0``), so the portable kernel leaves the tensor
+cores idle during each promotion. Gluon exposes the wait: blocks ``2j`` and ``2j + 1`` are
+issued asynchronously, ``warpgroup_mma_wait(num_outstanding=1)`` retires block ``2j`` only, and
+its promotion runs while block ``2j + 1`` is on the tensor cores. Two blocks an iteration, with
+nothing in flight at the loop's back edge: a product carried across it is copied by the loop's
+phi while the tensor cores still write it, and ptxas then serializes every wgmma (C7514).
 
-Why pairs. The first version kept one product in flight across the loop's back edge (block
-``k``'s wgmma overlapping block ``k - 1``'s promotion every iteration). LLVM carries that product
-through the loop's phi with register moves that read it while the tensor cores still write it,
-and ptxas then serialized every wgmma (C7514, reported as an "info" line the compile tier did
-not read until 2026-11-30): the overlap never reached the SASS. Two blocks an iteration with
-nothing in flight at the back edge compile clean; every second promotion is exposed.
+Two kernels (tiles: `tiles.GLUON_TILES`):
 
-Two kernels. `_fp8_gemm_sm90_ws_kernel` (tiles of 128 or 192 rows x 128 columns, the default
-where 128x128 tiles fill the SMs: `fp8_gemm.prefill_gluon_tile`) is persistent and
-warp-specialized: a producer warp streams every K block of the program's tiles through a TMA
-ring (A as one 64-row box per consumer), and two or three consumer warpgroups, each in its own
-partition so no barrier couples them, take 64 rows each. With two, each warpgroup keeps two
-products in flight and promotes block 2j under block 2j+1's wgmma (PAIRS); with three, the
-other two warpgroups cover a promotion. Each finished tile goes out through shared memory and
-a TMA store that overlaps the next tile's K loop; where the operands exceed the L2, tiles are
-visited in groups of 8 row tiles (M fastest), so what is resident stays in L2 (`ws_group_m`).
-H200, eleventh session (`scripts/probes/fp8_ws.py`,
-same process, us): M=4096 (N, K) = (2304, 5120): 64x128 114.4, 128 rows 88.4, 192 rows 86.8,
-torch per-tensor 69.0; (5120, 2304): 120.2 / 83.1 / 85.4, torch 73.2; 8192^3: 1343.7 / 1026.0
-/ 1028.1, torch 800.8. What each step bought (same probe, before the grouped order): the
-warp-specialized 128-row kernel alone 1.02-1.06x the 64x128 one; PAIRS 1.06-1.10x; the
-TMA-store epilogue 1.10-1.24x (the plain store from the wgmma layout, 4-byte stores, held
-each warpgroup ~10% of a tile); three warpgroups 1.06x at (2304, 5120), where 396 tiles are 3
-waves of 132 and 576 128-row tiles 4.4; the grouped order 1.13x at 8192^3 (64 MB operands).
-Tried and dropped: 256-wide tiles as two 128-column halves a warpgroup (A from shared memory:
-ptxas spilled, 174 / 148 us; A through registers, wgmma RS: 127 / 116 us, before the store
-change); 6 stages (no gain).
+- `_fp8_gemm_sm90_ws_kernel` (128 or 192 rows x 128 columns): persistent and warp-specialized.
+  A producer warp streams every K block of the program's tiles through a TMA ring (A as one
+  64-row box per consumer); two or three consumer warpgroups, each in its own partition so no
+  barrier couples them, take 64 rows each. With two, each keeps two products in flight and
+  promotes block 2j under block 2j+1's wgmma (PAIRS, `tiles.WS_PAIRS`); with three, the other
+  warpgroups cover a promotion. Each finished tile leaves through shared memory and a TMA store
+  that overlaps the next tile's K loop; operands beyond the L2 are visited in groups of 8 row
+  tiles, M fastest (`ws_group_m`).
+- `_fp8_gemm_sm90_kernel` (64x128, one partition): a ``STAGES``-deep ring of TMA-loaded A and B
+  tiles, one mbarrier a stage, refilled with block ``k + STAGES`` as soon as block k is
+  promoted. TMA zero-fills rows and K columns past the tensor bounds, so M, N and K tails need
+  no masks until the store (an odd number of K blocks ends on a zero-filled block of scale 0).
+  Split along K (a third grid axis; each split an even number of blocks, so only the last can
+  end on the phantom block) it writes FP32 shares that `splitk.splitk_reduce` sums.
 
-`_fp8_gemm_sm90_kernel` (64x128, one partition, no warp specialization): a ``STAGES``-deep ring of TMA-loaded A and B
-tiles in shared memory, one mbarrier per stage; a block's stage is refilled with block
-``k + STAGES`` as soon as its product is promoted. TMA zero-fills rows and K columns past the
-tensor bounds, so M, N and K tails need no masks until the store (an odd number of K blocks
-ends with a zero-filled block of scale 0). Split along K (a third grid axis; each split an even
-number of blocks, so only the last can end on the phantom block) it writes FP32 shares that
-`fp8_gemm.splitk_reduce` sums: decode and small-M grids (`fp8_gemm.gluon_split_k`).
-Semantics are `fp8_gemm`'s (same promotion order: ``acc += blk * (a_s * b_s)`` per K block).
-With ``B_SCALE_PER_ROW`` (`fp4_gemm`'s fold engine) the weight scale is per weight row and K
-block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m] * b_s[n]``;
-the flag off compiles to the same instructions as before it existed.
-
-Status: compiled for sm_90a by the compile tier (QGMMA in the SASS, ``wgmma.wait_group 1`` in
-the PTX where products overlap, no C75xx serialization info); correct on the H200 (GPU tests,
-bit-identical outputs across the kernels: the same promotion order) and the default at every
-M on sm_90 with TMA-able operands (`fp8_gemm.gluon_tile`). Gluon does not run under the Triton interpreter: the Triton
-kernel stays the path on CPU.
+Semantics are `fp8_gemm`'s, with the same promotion order in both kernels (bit-identical
+outputs). With ``B_SCALE_PER_ROW`` (`fp4_gemm`'s fold engine) the weight scale is per weight row
+and K block, ``b_s fp32 [N, ceil(K/128)]``, and the promotion is ``acc += blk * a_s[m] * b_s[n]``;
+the flag off compiles to the same instructions as before it existed. Gluon does not run under
+the Triton interpreter: the portable kernels are the path on the CPU.
 """
 
 from __future__ import annotations
@@ -74,18 +50,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ...runtime.device import tma_problem
+from ..compile_tier import KernelConfig
+from .splitk import split_blocks, splitk_destination, splitk_reduce
+from .tiles import GLUON_TILES, SCALE_BLOCK, WS_PAIRS
 
-__all__ = ["GLUON_TILES", "compile_configs", "fp8_gemm_sm90_launch"]
+__all__ = ["compile_configs", "fp8_gemm_sm90_launch", "ws_group_m"]
 
-#: (block_m, block_n, num_warps, stages) the Gluon kernels are built for. 64x128, one warpgroup:
-#: `_fp8_gemm_sm90_kernel` (two K blocks an iteration). 128x128 ("8 warps") and 192x128 ("12
-#: warps"): the persistent warp-specialized `_fp8_gemm_sm90_ws_kernel`, two or three consumer
-#: warpgroups of 64 rows and a producer warp; 4 stages of 32 / 40 KB (A + B).
-GLUON_TILES = ((128, 128, 8, 4), (192, 128, 12, 4), (64, 128, 4, 4))
-#: PAIRS (two products in flight a warpgroup) per consumer warpgroup count: three warpgroups
-#: have 160 registers a thread (`_WS3_MMA_REGS`), too few for three [64, 128] FP32 tiles.
-WS_PAIRS = {2: True, 3: False}
-_BK = 128
+_BK = SCALE_BLOCK
 #: Registers (setmaxnreg) of the warp-specialized kernel's worker consumer warpgroup and of its
 #: producer warp, two consumers: each holds three [64, BN] FP32 tiles with PAIRS (running sum,
 #: two block products).
@@ -100,10 +71,8 @@ def ws_group_m(a_bytes: int, b_bytes: int) -> int:
     """Row tiles a group of the warp-specialized kernel's persistent tile order (`_ws_tile`).
     Operands larger than the H200's 60 MB L2: groups of 8 row tiles swept M fastest, so the ~132
     tiles resident at once cover 8 row tiles x ~17 column tiles and their blocks stay in L2.
-    Smaller: plain N-fastest order (1). H200, twelfth session, same process
-    (`scripts/probes/fp8_ws.py`), us, group 1 / group 8: 8192^3 (128 MB of operands) 192 rows
-    1109.3 / 1044.8, 128 rows 1162.9 / 1070.9; M=4096 (N, K) = (2304, 5120) (33 MB) 83.2 / 86.6
-    and 88.3 / 89.4; (5120, 2304) (21 MB) 86.8 / 87.7 and 86.0 / 85.7."""
+    Smaller: plain N-fastest order (1)."""
+    # H200, 2026-11-30, commit 6c37a14: 8192^3, 192 rows: group 8 1044.8 us, group 1 1109.3
     return 8 if a_bytes + b_bytes > 60 * 2**20 else 1
 
 
@@ -180,9 +149,8 @@ def _fp8_gemm_sm90_kernel(
         mbarrier.init(ready.index(i), count=1)
     if B_SCALE_PER_ROW:
         # per-row weight scales ([ceil(K/128), N] fp32, box [1, BN]) ride the same ring: a stage
-        # holds its block's [BN] vector, read from shared memory at the promotion. Loaded from
-        # global memory instead, the vector's latency sat in front of every promotion (H200,
-        # M=4096: 204-210 us against 144-152 for the 128x128-block path).
+        # holds its block's [BN] vector, read from shared memory at the promotion (loaded from
+        # global memory, the vector's latency sat in front of every promotion)
         s_bufs = gl.allocate_shared_memory(s_desc.dtype, [STAGES, 1, BN], s_desc.layout)
         tile_bytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + s_desc.block_type.nbytes
     else:
@@ -448,11 +416,11 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
     """Launch the Gluon kernel: a ``fp8 [M, K]``, a_s ``fp32 [M, ceil(K/128)]``, b ``fp8 [N, K]``,
     b_s ``fp32 [ceil(N/128), ceil(K/128)]`` (128x128 blocks, `fp8_gemm`) or, with
     `b_scale_per_row`, ``fp32 [N, ceil(K/128)]`` (one scale per weight row and K block:
-    `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller). `pairs` and
-    `tma_store` and `group_m` override the warp-specialized kernel's choices (probes:
-    `scripts/probes/fp8_ws.py`): `WS_PAIRS` per consumer count, a TMA-store epilogue wherever `out`
-    is TMA-able, and `ws_group_m`'s tile order. `split_k` (the 64x128 kernel only): programs
-    along K, each an even number of 128-K blocks, FP32 shares summed by `fp8_gemm.splitk_reduce`."""
+    `fp4_gemm`'s fold engine), out ``bf16 [M, N]`` (all validated by the caller). `pairs`,
+    `tma_store` and `group_m` override the warp-specialized kernel's choices: `WS_PAIRS` per
+    consumer count, a TMA-store epilogue wherever `out` is TMA-able, and `ws_group_m`'s tile
+    order. `split_k` (the 64x128 kernel only): programs along K, each an even number of 128-K
+    blocks, FP32 shares summed by `splitk_reduce`."""
     la, lb = _layouts(min(block_m, 128), block_n)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [block_n, _BK], lb)
     s_desc = b_desc  # unused without per-row scales
@@ -482,8 +450,6 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         )
         return
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [block_m, _BK], la)
-    from .fp8 import split_blocks, splitk_destination, splitk_reduce  # noqa: PLC0415 (fp8_gemm imports this module lazily)
-
     per, split = split_blocks(triton.cdiv(k, _BK), split_k)
     dst, stride_cs, stride_cm = splitk_destination(out, split)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
@@ -496,13 +462,11 @@ def fp8_gemm_sm90_launch(a, a_s, b, b_s, out, m: int, n: int, k: int, block_m: i
         splitk_reduce(dst, out)
 
 
-def compile_configs():
+def compile_configs() -> list[KernelConfig]:
     """The Gluon tiles for the compile tier (descriptor types as the launcher builds them), with
     128x128-block weight scales (`fp8_gemm`) and per-row ones (`fp4_gemm`'s fold engine); the
     warp-specialized tiles with the TMA-store epilogue and the plain-store one."""
     from triton.runtime.jit import mangle_type
-
-    from ..compile_tier import KernelConfig
 
     probe = torch.empty(16, 16, dtype=torch.float8_e4m3fn)  # types only: dtype, block, layout
     scales = torch.empty(16, 16, dtype=torch.float32)

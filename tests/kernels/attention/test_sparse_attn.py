@@ -1,4 +1,4 @@
-"""sparse_attn kernel (seed 004) vs the FP32 reference `sparse_attn_ref` (interpreter on CPU,
+"""sparse_attn (seed 004) vs the FP32 reference `sparse_attn_ref` (interpreter on CPU,
 native on GPU).
 
 Error budget (relative Frobenius, `BUDGET`): the inputs are bf16 in both kernel and reference,
@@ -19,16 +19,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lowbit.kernels.attention import sparse_attn as sa_mod
+from lowbit.kernels.attention.heuristics import table_config
+from lowbit.kernels.attention.portable import compile_configs
 from lowbit.kernels.attention.sparse_attn import (
     ENV_OVERRIDES,
     TILE_TABLE,
     SparseAttnConfig,
-    compile_configs,
     explain_sparse_attn_config,
     sparse_attn,
     sparse_attn_config,
 )
+from lowbit.kernels.attention.tiles import GLUON_TILES
 from lowbit.reference import sparse_attn_ref
 from lowbit.testing import assert_close, poison_
 
@@ -327,7 +328,7 @@ def test_production_tiles_d512_on_gpu(h, gen):
     q, kv, sink, idx = _problem(4, 1, h, 512, 65536, 2048, gen, "cuda", p_empty=0.05)
     for ht in TILE_TABLE:
         for split in (1, 3):  # 3 shares of 2048 slots: uneven (704, 704, 640 at BK 64)
-            cfg = replace(sa_mod._table_config(ht, "test"), split_kv=split)
+            cfg = replace(table_config(ht, "test"), split_kv=split)
             assert_close(_run(q, kv, sink, idx, config=cfg).float(), _ref(q, kv, sink, idx), BUDGET,
                          f"HT={ht} split {split}")
 
@@ -348,18 +349,14 @@ def test_cuda_graph_replay(gen):
     assert_close(out.cpu().float(), _ref(q, kv, sink, idx), BUDGET)
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("h", [16, 64, 100, 128])
 @pytest.mark.parametrize("split", [1, 3])
 def test_gluon_engine_matches_reference(h, split, gen):
-    """The Hopper Gluon kernel (`sparse_attn_sm90`, the gather in a producer partition) at d =
+    """The Hopper Gluon kernel (`hopper`, the gather in a producer partition) at d =
     512, every tile of its table: heads padded to 64 (16, 100) or two head tiles (128), a top-k
     that is not a multiple of the block (1000 slots), empty slots, uneven split shares, and a
     query whose slots are all empty (exact zeros)."""
-    from lowbit.kernels.attention.hopper import GLUON_TILES
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
     q, kv, sink, idx = _problem(3, 2, h, 512, 8192, 1000, gen, "cuda", p_empty=0.1)
     idx[1, 0] = -1
     ref = _ref(q, kv, sink, idx)
@@ -370,12 +367,10 @@ def test_gluon_engine_matches_reference(h, split, gen):
         assert bool((out[1, 0] == 0).all()), "all-empty query must be exact zeros"
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 def test_gluon_engine_cuda_graph_replay(gen):
     """The Gluon path (split shares folded in the kernel) captures into a CUDA graph and
     replays with new indices, several times (the fold flags re-zero themselves)."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
     q, kv, sink, idx = _problem(2, 1, 64, 512, 4096, 512, gen, "cuda")
     cfg = SparseAttnConfig(64, 64, 8, 2, False, split_kv=2, engine="gluon")
     out = torch.empty(q.shape, dtype=torch.bfloat16, device="cuda")
@@ -391,15 +386,13 @@ def test_gluon_engine_cuda_graph_replay(gen):
         assert_close(out.cpu().float(), _ref(q, kv, sink, idx), BUDGET)
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 def test_gluon_fold_flags_rezero(gen):
     """The in-kernel fold of split shares leaves its flags at zero after every launch (so the
     next launch's wait counts from zero), over split counts and head tiles; eager calls repeat
     the right answer."""
     import lowbit.kernels.attention.hopper as sm90
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
     q, kv, sink, idx = _problem(3, 1, 128, 512, 8192, 1500, gen, "cuda", p_empty=0.05)
     ref = _ref(q, kv, sink, idx)
     for split in (2, 3, 4, 2):

@@ -89,7 +89,7 @@ def _compare(rk, rr, tag):
 
 
 # The sparse_attn kernel's all-empty rows compute exp2(sink - (-1e30)) = inf on purpose (output
-# 0 / inf = 0, see lowbit.kernels.attention.sparse_attn); numpy under the interpreter warns about it.
+# 0 / inf = 0, see lowbit.kernels.attention.portable); numpy under the interpreter warns about it.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
 @pytest.mark.parametrize("b,S,lens", [
     (2, 12, (12, 5)),   # ragged batch: padding rows (all -1 top-k), fewer than top-k positions
