@@ -37,8 +37,7 @@ SMEM_LIMIT_SM90 = 232448
 #: Modules with a ``compile_configs()`` function. A new kernel family adds itself here.
 KERNEL_MODULES = [
     "lowbit.routing.kernels",
-    "lowbit.kernels.w4a16.indexed",
-    "lowbit.kernels.w4a16.grouped",
+    "lowbit.kernels.w4a16.portable",
     "lowbit.kernels.attention.sparse_attn",
     "lowbit.kernels.attention.hopper",
     "lowbit.kernels.quant",
@@ -48,7 +47,9 @@ KERNEL_MODULES = [
     "lowbit.kernels.moe_elementwise",
     "lowbit.kernels.block_scaled.fp8",
     "lowbit.kernels.block_scaled.hopper_fp8",
-    "lowbit.kernels.w4a16.hopper",
+    "lowbit.kernels.w4a16.hopper.grouped",
+    "lowbit.kernels.w4a16.hopper.indexed",
+    "lowbit.kernels.w4a16.hopper.nloop",
     "lowbit.kernels.block_scaled.fp4",
     "lowbit.kernels.block_scaled.hopper_fp4",
 ]
