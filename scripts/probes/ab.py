@@ -1,10 +1,10 @@
 """Time two versions of `lowbit.kernels.w4a16.hopper` side by side (a probe, not a benchmark).
 
-    python scripts/probes/ab.py OLD_FILE [decode] [prefill] [grouped] [blocks]
+    python scripts/probes/ab.py OLD_DIR [decode] [prefill] [grouped] [blocks]
 
-OLD_FILE is another version of ``src/lowbit/kernels/w4a16_sm90.py`` (e.g. from ``git show
-REV:src/lowbit/kernels/w4a16_sm90.py``; the device copy has no git history, so save it in the
-tree first). Both run the register-A kernels on identical inputs, Kimi EP8 shapes (48 experts,
+OLD_DIR holds another version of the package (e.g. ``git archive REV src/lowbit/kernels/w4a16/hopper |
+tar -x -C scratch`` gives ``scratch/src/lowbit/kernels/w4a16/hopper``; the device copy has no git
+history, so save it in the tree first). Both run the register-A kernels on identical inputs, Kimi EP8 shapes (48 experts,
 H 7168, I 2048), CUDA graph, L2 flushed; the outputs must be bit-identical when the
 arithmetic is (a main-loop schedule change), and the probe says so. Extra tiles are timed on
 the current version only (tiles the old one may lack).
@@ -130,8 +130,6 @@ def grouped(mods) -> None:
 
 
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        old_src = f.read()
-    mods = {"old": v.variant("ab_old", [], base=old_src), "new": v.variant("ab_new", [])}
+    mods = {"old": v.variant("ab_old", [], base=v.sources(sys.argv[1])), "new": v.variant("ab_new", [])}
     for what in sys.argv[2:] or ["decode", "prefill", "grouped"]:
         {"decode": decode, "prefill": prefill, "grouped": grouped, "blocks": small_blocks}[what](mods)

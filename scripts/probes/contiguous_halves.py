@@ -5,8 +5,8 @@ its default, the four-warpgroup 256x128 -- a probe, not a benchmark.
     python scripts/probes/contiguous_halves.py
 
 The bench's ``ep8_contiguous_128/256/512`` draws, gate_up and down, through `lowbit.contiguous`.
-The "halves" variant (`variants.py` text edit) adds the contiguous family to
-`HALF_ACT_TILES`; its call pins the 128x64 tile. One process, interleaved CUDA-graph replays
+The "halves" variant (`variants.patch_all` of `tiles.half_acts`) refills the contiguous
+128x64's activations by halves too; its call pins the 128x64 tile. One process, interleaved CUDA-graph replays
 behind an L2 flush; the valid rows (``m_indices >= 0``) compared bit for bit."""
 import dataclasses
 import os
@@ -22,9 +22,11 @@ from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16_grouped
 from lowbit.kernels.w4a16.grouped import contiguous, w4a16_grouped_config
 
-_TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
-HALVES = v.variant("halves", [(_TABLE, 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), '
-                                      '"contiguous": ((128, 64, 4, 2),)}')])
+
+
+def _halves(tile, warp_specialize, layout, _rule=v.tiles.half_acts):
+    """`tiles.half_acts` with the contiguous layout's 128x64 as the masked one's."""
+    return _rule(tile, warp_specialize, "masked" if layout == "contiguous" else layout)
 
 
 def main() -> None:
@@ -40,7 +42,7 @@ def main() -> None:
                     for k in ("default", "halves")}
 
             def halves(o=outs["halves"]):
-                with v.using(HALVES):
+                with v.patch_all("half_acts", _halves):
                     contiguous(p.a, w, mi, out=o, config=c64)
             t = measure_interleaved({"default": lambda: contiguous(p.a, w, mi, out=outs["default"], config=cfg),
                                      "halves": halves}, rounds=40)

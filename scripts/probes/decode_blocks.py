@@ -46,7 +46,8 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as sm90
+
+from variants import KERNEL as sm90, tile_form
 
 gen = torch.Generator(device="cuda").manual_seed(19)
 E = 48
@@ -55,7 +56,7 @@ which = sys.argv[1:] or ["indexed", "masked"]
 
 def V(tile, cap=None, ws=False, tail=None):
     """A variant: `tile`, the register cap of a group loop tried here (None: as the tables say),
-    warp-specialized or not, its half tail on / off (None: as `HALF_TAIL_TILES` says)."""
+    warp-specialized or not, its half tail on / off (None: as its tile record says)."""
     return tuple(tile), cap, ws, tail
 
 
@@ -75,21 +76,19 @@ TP8 = (("gate_up", 512, 7168),)
 @contextlib.contextmanager
 def group_loop(tile, cap, masked_half_tail=None, indexed_half_tail=None):
     """Run `tile` on the group loop under `cap` registers (None: as the tables say), with or
-    without the half tail of each family (None: as `HALF_TAIL_TILES` says)."""
-    saved = dict(sm90.GROUP_LOOP_MAXNREG)
-    saved_tails = dict(sm90.HALF_TAIL_TILES)
+    without the half tail of each layout (None: as its `tiles.RegisterATile` record says)."""
+    saved = dict(sm90.GROUP_LOOP_MAXNREG)  # (the dict the launchers read: changed in place)
     if cap:
-        sm90.GROUP_LOOP_MAXNREG[tile] = cap
-    for family, on in (("masked", masked_half_tail), ("indexed", indexed_half_tail)):
-        if on is not None:
-            rest = tuple(t for t in saved_tails[family] if t != tuple(tile))
-            sm90.HALF_TAIL_TILES[family] = rest + ((tuple(tile),) if on else ())
+        sm90.GROUP_LOOP_MAXNREG[tuple(tile)] = cap
     try:
-        yield
+        with contextlib.ExitStack() as stack:
+            for layout, on in (("masked", masked_half_tail), ("indexed", indexed_half_tail)):
+                if on is not None:
+                    stack.enter_context(tile_form(layout, tile, half_tail=on))
+            yield
     finally:
         sm90.GROUP_LOOP_MAXNREG.clear()
         sm90.GROUP_LOOP_MAXNREG.update(saved)
-        sm90.HALF_TAIL_TILES.update(saved_tails)
 
 
 def report(label, outs, t, byts, valid=None):

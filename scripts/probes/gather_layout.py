@@ -2,7 +2,7 @@
 
     python scripts/probes/gather_layout.py [tokens ...]
 
-`w4a16_sm90._gather_layout` forced to its default pieces ("old": warps along the rows only,
+`hopper.routed.gather_layout` forced to its default pieces ("old": warps along the rows only,
 4- or 8-byte pieces for 8- and 16-row blocks, each repeated over the eight boxes) or to its
 `wide_pieces` form ("new": 16-byte pieces, warps along the boxes once the rows run out), for
 whatever tile the heuristics pick, swapped in the module for a launch (the launchers read it
@@ -20,10 +20,10 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.w4a16 import hopper as sm90
+from variants import KERNEL as sm90, patch_all
 from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
-AS_BUILT = sm90._gather_layout
+AS_BUILT = sm90.gather_layout
 
 
 def old_gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.BlockedLayout:
@@ -36,11 +36,8 @@ def new_gather_layout(br: int, num_warps: int, wide_pieces: bool = False) -> gl.
 
 @contextlib.contextmanager
 def layout(fn):
-    sm90._gather_layout = fn
-    try:
+    with patch_all("gather_layout", fn):
         yield
-    finally:
-        sm90._gather_layout = AS_BUILT
 
 
 gen = torch.Generator(device="cuda").manual_seed(20)

@@ -8,7 +8,7 @@ Why (thirtieth session): on rows pre-gathered into the indexed routing's slot or
 contiguous kernel's load with the indexed epilogue -- that tile ran 1.03-1.11x the 256x128 at
 Kimi EP8 768-2048 tokens (`pregather.py tiles`, `w4a16_sm90.PREGATHER_BLOCK_TILES`). The
 contiguous kernel runs the 256x128 at one CTA an SM (ep8_contiguous_512: 0.92x Humming). The
-tile is added to the tables in memory only (`GLUON_RS_TILES`, `HALF_ACT_TILES`); compiled
+tile refills its activations by halves in memory only (`variants.patch_all` of `tiles.half_acts`); compiled
 offline in the thirtieth session: 238 registers, no spill, 100 KB of shared memory.
 
 Kimi EP8 gate_up / down, 48 experts x `rows` rows (every segment full), one process,
@@ -25,12 +25,16 @@ import torch
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as m
+from lowbit.kernels.w4a16 import tiles
 from lowbit.kernels.w4a16.grouped import w4a16_grouped_config
+from variants import KERNEL as m, patch_all
 
 ONE_WG = (128, 128, 4, 2)
-m.GLUON_RS_TILES = m.GLUON_RS_TILES + (ONE_WG,)
-m.HALF_ACT_TILES = {**m.HALF_ACT_TILES, "contiguous": m.HALF_ACT_TILES["contiguous"] + (ONE_WG,)}
+
+
+def _halves(tile, warp_specialize, layout, _rule=tiles.half_acts):
+    """`tiles.half_acts`, and the one-warpgroup 128x128 refilled by halves on the contiguous layout too."""
+    return _rule(tile, warp_specialize, layout) or (tuple(tile) == ONE_WG and tiles.group_loop(tile, warp_specialize))
 
 
 def main(rows_list) -> None:
@@ -42,17 +46,19 @@ def main(rows_list) -> None:
             w = pack_w4a16_grouped(make_weight(48, n, k, "cuda"), mode="contiguous")
             m_idx = torch.arange(48, device="cuda", dtype=torch.int32).repeat_interleave(rows)
             cfg = w4a16_grouped_config("contiguous", m_rows, n, k, 48, 0, gluon=True)
-            tiles = {"default": (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages), "128x128w4": ONE_WG}
-            outs = {name: torch.full((m_rows, n), float("nan"), dtype=torch.bfloat16, device="cuda") for name in tiles}
-            fns = {name: (lambda t=t, o=outs[name]: m.w4a16_grouped_sm90_launch(a, w, m_idx, o, t, regs_a=True))
-                   for name, t in tiles.items()}
+            tiles_ = {"default": (cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages), "128x128w4": ONE_WG}
+            outs = {name: torch.full((m_rows, n), float("nan"), dtype=torch.bfloat16, device="cuda") for name in tiles_}
+            def launch(t, o):
+                with patch_all("half_acts", _halves):
+                    m.w4a16_grouped_sm90_launch(a, w, m_idx, o, t, regs_a=True)
+            fns = {name: (lambda t=t, o=outs[name]: launch(t, o)) for name, t in tiles_.items()}
             t = measure_interleaved(fns, rounds=30)
             for f in fns.values():
                 f()
             torch.cuda.synchronize()
             same = torch.equal(outs["default"], outs["128x128w4"])
             d = t["default"].median_us
-            print(f"contiguous {rows} rows/expert {proj:8} default {tiles['default']} {d:7.1f}  128x128w4 "
+            print(f"contiguous {rows} rows/expert {proj:8} default {tiles_['default']} {d:7.1f}  128x128w4 "
                   f"{t['128x128w4'].median_us:7.1f} x{d / t['128x128w4'].median_us:.3f}{'' if same else ' !'}",
                   flush=True)
 

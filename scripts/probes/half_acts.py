@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
 from lowbit.bench.cases import build_problem, select_cases
-from lowbit.kernels.w4a16 import hopper as base
+from variants import KERNEL as base
 
 _TABLE = 'HALF_ACT_TILES = {"indexed": ((128, 64, 4, 2),), "masked": ((128, 64, 4, 2),), "contiguous": ()}'
 RING = [(_TABLE, 'HALF_ACT_TILES = {"indexed": (), "masked": (), "contiguous": ()}')]

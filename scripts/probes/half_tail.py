@@ -1,8 +1,8 @@
-"""The half-row tails (`w4a16_sm90.HALF_TAIL_TILES`) against another `w4a16_sm90.py` (a probe,
-not a benchmark).
+"""The half-row tails (`tiles.RegisterATile.half_tail`) against another version of the
+`lowbit.kernels.w4a16.hopper` package (a probe, not a benchmark).
 
-    git show REV:src/lowbit/kernels/w4a16_sm90.py > scratch/old.py
-    python scripts/probes/half_tail.py scratch/old.py [indexed] [masked] [split] [choice] [contiguous]
+    git archive REV src/lowbit/kernels/w4a16/hopper | tar -x -C scratch
+    python scripts/probes/half_tail.py scratch/src/lowbit/kernels/w4a16/hopper [indexed] [masked] [split] [choice] [contiguous]
 
 Both versions in one process on identical inputs, interleaved CUDA-graph replays
 (`measure_interleaved`), L2 flushed; outputs compared bit for bit (on the valid rows for the
@@ -20,15 +20,15 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from variants import variant
+from variants import sources, tile_form, variant
 
 from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as new
+from variants import KERNEL as new
 
-old = variant("old", [], base=open(sys.argv[1]).read())
+old = variant("old", [], base=sources(sys.argv[1]))
 mods = {"old": old, "new": new}
 gen = torch.Generator(device="cuda").manual_seed(17)
 H, I, E = 7168, 2048, 48
@@ -87,19 +87,15 @@ if "split" in which:
         masked_ab(tok, tile, True)
 if "choice" in which:
     # masked 64 tok/expert (45-83 rows): the split 96 tile (its 64-row tail on) against the 256x128
-    # tile with a 64-row half tail (not in `HALF_TAIL_TILES`: switched on around the launch, which
-    # the graph capture records); outputs compared on the valid rows
+    # tile with a 64-row half tail (not in its record: switched on around the launch, which the
+    # graph capture records); outputs compared on the valid rows
     counts = (64 * (0.7 + 0.6 * torch.rand(E, generator=gen, device="cuda"))).round().to(torch.int32)
     valid = (torch.arange(256, device="cuda")[None, :] < counts[:, None]).reshape(-1)
 
     def wide_with_tail(a, w, o):
-        saved = new.HALF_TAIL_TILES
-        new.HALF_TAIL_TILES = {**saved, "masked": saved["masked"] + ((256, 128, 16, 2),)}
-        try:
+        with tile_form("masked", (256, 128, 16, 2), half_tail=True):
             new.w4a16_grouped_sm90_launch(a, w, counts, o, (256, 128, 16, 2), 256, regs_a=True,
                                           row_slots=new.masked_row_slots(1.3 * 64, 256, 128))
-        finally:
-            new.HALF_TAIL_TILES = saved
     for proj, n, kk, _ in PROJ:
         w = pack_w4a16_grouped(make_weight(E, n, kk, "cuda"), mode="masked")
         a = torch.randn(E * 256, kk, device="cuda").to(torch.bfloat16)

@@ -19,7 +19,7 @@ from lowbit import routing
 from lowbit.bench.cases import build_problem, make_weight, select_cases
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.w4a16 import hopper as w4a16_sm90
+from variants import patch_all
 from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
 E, H, I = 48, 7168, 2048
@@ -29,14 +29,13 @@ def _time(a, w, routings: dict, top_k: int, cfg, bounds: dict | None = None) -> 
     """Median us of each named routing ``(sorted_ids, expert_ids, ntpp)``, and whether the outputs agree."""
     outs = {k: torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
             for k in routings}
-    keep = w4a16_sm90.live_block_bound
-
     def run(name):
         def f():
             if bounds:
-                w4a16_sm90.live_block_bound = bounds[name]
-            w4a16_indexed(a, w, *routings[name], top_k, out=outs[name], config=cfg)
-            w4a16_sm90.live_block_bound = keep
+                with patch_all("live_block_bound", bounds[name]):
+                    w4a16_indexed(a, w, *routings[name], top_k, out=outs[name], config=cfg)
+            else:
+                w4a16_indexed(a, w, *routings[name], top_k, out=outs[name], config=cfg)
         return f
 
     res = measure_interleaved({k: run(k) for k in routings}, rounds=80)

@@ -15,7 +15,7 @@ import torch
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as sm90
+from variants import KERNEL as sm90
 from lowbit.kernels.w4a16.grouped import MASKED_SPREAD
 
 E, H, I, MAX_M = 48, 7168, 2048, 256

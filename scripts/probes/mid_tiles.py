@@ -16,7 +16,7 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.w4a16.portable import W4A16Config
+from lowbit.kernels.w4a16.heuristics import W4A16Config
 from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
 
 H = 7168

@@ -1,4 +1,4 @@
-"""The N-loop kernel's half-row tail (`w4a16_sm90.NLOOP_HALF_TAIL_TILES`: a routing block with no
+"""The N-loop kernel's half-row tail (`tiles.RegisterATile.nloop_half_tail`: a routing block with no
 route in its second half runs the half-row tile) against the kernel without it -- a probe, not
 a benchmark.
 
@@ -8,8 +8,8 @@ Kimi TP8 down (384 experts, N 7168, K 256: one K step, the N-loop kernel) throug
 `w4a16_indexed` with its heuristics' tile: the bench's ``tp8_indexed_t8192`` draw (171 routes an
 expert: 128-row blocks, every other one ~43 routes), then random draws at 2048 / 4096 tokens
 (64-row blocks), 1024 (32-row blocks: no tail) and 512 / 128 / 32 (16-row blocks). The "notail" variant
-(`variants.py` text edit) empties the table; "ntN" loops over N weight tiles a program
-whatever the grid (the kernel: `nloop_n_tiles` picks from `NLOOP_N_TILES`; 8 before). One process, interleaved CUDA-graph replays behind
+(`variants.tile_form`) turns the 128-row tile's tail off; "ntN" loops over N weight tiles a
+program whatever the grid (`heuristics.nloop_n_tiles` picks from `tiles.NLOOP_N_TILES`). One process, interleaved CUDA-graph replays behind
 an L2 flush; outputs compared bit for bit ("!" marks a difference)."""
 import os
 import sys
@@ -17,12 +17,20 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import variants as v
 
-from lowbit.kernels.w4a16 import hopper as base
+import contextlib
 
-_TABLE = "NLOOP_HALF_TAIL_TILES = tuple(t for t in NLOOP_TILES if t[1] == 128)"
-_CHUNK = "NLOOP_N_TILES = (56, 28, 14, 8)\n"
-MODS = {"kernel": base, "notail": v.variant("notail", [(_TABLE, "NLOOP_HALF_TAIL_TILES = ()")]),
-        **{f"nt{n}": v.variant(f"nt{n}", [(_CHUNK, f"NLOOP_N_TILES = ({n},)\n")]) for n in (8, 14, 28, 56)}}
+from lowbit.kernels.w4a16 import heuristics, tiles
+
+
+@contextlib.contextmanager
+def n_tiles(n: int):
+    """Every N-loop program over `n` weight tiles (the only count the tables offer)."""
+    with v.patch(tiles, "NLOOP_N_TILES", (n,)), v.patch(heuristics, "NLOOP_N_TILES", (n,)):
+        yield
+
+
+MODS = {"kernel": v.KERNEL, "notail": lambda: v.tile_form("indexed", (128, 128, 8, 2), nloop_half_tail=False),
+        **{f"nt{n}": (lambda n=n: n_tiles(n)) for n in (8, 14, 28, 56)}}
 
 
 def main() -> None:

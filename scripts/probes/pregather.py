@@ -13,7 +13,7 @@ of activation meets are many (large N).
 
 Each draw (the bench's ``ep8_indexed_t1024`` / ``tp8_indexed_t8192`` and random top-8 draws,
 `variants.indexed_draws`) runs both routing blocks (64, 128) on their heuristics' tiles through
-`w4a16_sm90.w4a16_indexed_sm90_launch`, without and with ``pregather``; one process,
+`hopper.indexed`'s launchers, without and with the pre-gathered rows; one process,
 interleaved CUDA-graph replays behind an L2 flush (`measure_interleaved`); outputs compared bit
 for bit with the in-kernel gather's ("!" marks a difference). ``gather``: the gather alone."""
 import os
@@ -26,7 +26,7 @@ import variants as v
 
 from lowbit import routing
 from lowbit.bench.timing import measure_interleaved
-from lowbit.kernels.w4a16 import hopper as m
+from variants import KERNEL as m
 from lowbit.routing.kernels import gather_indexed_rows
 from lowbit.kernels.w4a16.indexed import w4a16_indexed_config
 
@@ -59,9 +59,11 @@ def compare(draws) -> None:
                 o = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
                 outs[key] = o
                 fns[key] = (lambda a=a, w=w, r=r, tile=tile, o=o, pre=pre, ws=cfg.engine == "gluon_ws":
-                            m.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids,
-                                                        r.num_tokens_post_padded, top_k, None, o, tile, True, ws,
-                                                        pregather=pre))
+                            (m.w4a16_indexed_pregathered_launch(a, w, r.sorted_token_ids, r.expert_ids,
+                                                                r.num_tokens_post_padded, top_k, None, o, tile)
+                             if pre else m.w4a16_indexed_sm90_launch(a, w, r.sorted_token_ids, r.expert_ids,
+                                                                     r.num_tokens_post_padded, top_k, None, o, tile,
+                                                                     True, ws)))
             if "gather" in sys.argv[1:]:
                 fns[f"gather{block}"] = (lambda a=a, r=r: gather_indexed_rows(
                     a, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k))
@@ -84,9 +86,8 @@ def tiles() -> None:
             key = "x".join(map(str, tile[:2])) + f"w{tile[2]}"
             o = torch.full((a.shape[0] * top_k, w.n), float("nan"), dtype=torch.bfloat16, device="cuda")
             outs[key] = o
-            fns[key] = (lambda a=a, w=w, r=r, tile=tile, o=o: m.w4a16_indexed_sm90_launch(
-                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tile, True,
-                pregather=True))
+            fns[key] = (lambda a=a, w=w, r=r, tile=tile, o=o: m.w4a16_indexed_pregathered_launch(
+                a, w, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, top_k, None, o, tile))
         report(f"{label:28} tok_e {ids.numel() / w.num_experts:6.1f}", fns, outs)
 
 

@@ -31,7 +31,7 @@ import variants as v
 
 from lowbit.bench.cases import build_problem, make_weight, select_cases
 from lowbit.formats.w4a16 import pack_w4a16
-from lowbit.kernels.w4a16 import hopper as base
+from variants import KERNEL as base
 
 SERIAL = [("""    ntpp = gl.load(ntpp_ptr)
     e = gl.load(expert_ids_ptr + pid_m)  # in bounds: the grid has at most the buffer's blocks

@@ -13,19 +13,15 @@ import torch
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as sm90
+from variants import KERNEL as sm90, tile_form
 
 E, H, I, MAX_M = 48, 7168, 2048, 256
 
 
 def _launch(a, w, counts, out, tile, split: bool):
     def fn():
-        saved = sm90.SPLIT_ACC_TILES
-        sm90.SPLIT_ACC_TILES = (tuple(tile),) if split else ()
-        try:
+        with tile_form("masked", tile, split_acc=split):
             sm90.w4a16_grouped_sm90_launch(a, w, counts, out, tile, MAX_M, regs_a=True)
-        finally:
-            sm90.SPLIT_ACC_TILES = saved
     return fn
 
 

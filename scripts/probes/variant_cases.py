@@ -45,7 +45,7 @@ import lowbit
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as base
+from variants import KERNEL as base
 
 CHAIN = [("""            w = _dequant_group_regs(words, scales, g, rows_l)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, prev))[0]

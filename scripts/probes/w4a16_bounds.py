@@ -25,7 +25,7 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as orig
+from variants import KERNEL as orig
 
 E, H, I = 48, 7168, 2048  # Kimi K2.x EP8: 48 local experts
 DECODE_TILE = (64, 16, 4, 3)
@@ -47,7 +47,7 @@ def _indexed_rs_us(mod, descs, a, n, k, r, top_k, out) -> float:
     return _us(lambda: mod._w4a16_indexed_rs_kernel[(r.expert_ids.numel(), triton.cdiv(n, bw))](
         a, wd, sd, out, r.sorted_token_ids, r.expert_ids, r.num_tokens_post_padded, out,
         n, k, a.shape[0] * top_k, top_k, a.stride(0), out.stride(0),
-        BR=br, STAGES=stages, MUL_WEIGHT=False, X_LAYOUT=orig._gather_layout(br, warps), WARP_SPECIALIZE=False,
+        BR=br, STAGES=stages, MUL_WEIGHT=False, X_LAYOUT=orig.gather_layout(br, warps), WARP_SPECIALIZE=False,
         N_FASTEST=False, num_warps=warps))
 
 
@@ -110,13 +110,13 @@ def tiled() -> None:
         scales = w.scales.view(e, nk, 8, n // 64, 64).permute(0, 3, 1, 2, 4).contiguous().view(-1, 64)
         tiled_descs = (TensorDescriptor(words, list(words.shape), [32, 1], [64, 32],
                                         gl.NVMMASharedLayout.get_default_for([64, 32], gl.int32)),
-                       TensorDescriptor(scales, list(scales.shape), [64, 1], [8, 64], orig._S_LAYOUT))
+                       TensorDescriptor(scales, list(scales.shape), [64, 1], [8, 64], orig.S_LAYOUT))
         for t in (1, 4, 20, 50):
             r, hit = _routing(t, gen)
             a = torch.randn(t if top_k == 8 else t * 8, k, generator=gen, device="cuda").to(torch.bfloat16)
             outs = [torch.zeros(t * 8, n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
             times = [_indexed_rs_us(m, descs, a, n, k, r, top_k, out) for descs, m, out in
-                     ((orig._weight_descs(w, DECODE_TILE[0]), orig, outs[0]), (tiled_descs, mod, outs[1]))]
+                     ((orig.weight_descs(w, DECODE_TILE[0]), orig, outs[0]), (tiled_descs, mod, outs[1]))]
             nbytes = hit * n * (k // 2 + k // 32 * 2)
             print(f"tiled {proj:>7} t={t:<3} production {times[0]:8.1f} us ({nbytes / times[0] / 1e6:.2f} TB/s)  tiled "
                   f"{times[1]:8.1f} us ({nbytes / times[1] / 1e6:.2f} TB/s)  {times[0] / times[1]:.2f}x  "

@@ -51,7 +51,7 @@ def _hook(backend, stages, options, language, capability):
 def install() -> dict:
     from triton import knobs
 
-    from lowbit.kernels.w4a16 import hopper as base
+    from variants import KERNEL as base
     knobs.runtime.add_stages_inspection_hook = _hook
     # the docstring edit gives each variant its own Triton cache key
     return {"kernel": base, **{f"n{n}": v.variant(f"n{n}", [(_DOC, _DOC.replace("ONE step", f"ONE step (n{n})"))])

@@ -21,7 +21,7 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as k
+from variants import KERNEL as k
 
 E, H, I = 48, 7168, 2048
 PROJ = (("gate_up", 2 * I, H), ("down", H, I))

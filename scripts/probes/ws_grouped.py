@@ -19,7 +19,7 @@ import torch
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure
 from lowbit.formats.w4a16 import pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as k
+from variants import KERNEL as k
 
 
 def main() -> None:

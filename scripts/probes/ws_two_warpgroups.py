@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lowbit.kernels.w4a16 import hopper as m
+from variants import KERNEL as m
 
 NEW_TILES = ((256, 128, 8, 2), (256, 64, 8, 3))
 m.INDEXED_WS_TILES = tuple(m.INDEXED_WS_TILES) + NEW_TILES  # the compile tier and the launcher read it

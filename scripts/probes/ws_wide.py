@@ -23,7 +23,7 @@ from lowbit import routing
 from lowbit.bench.cases import make_weight
 from lowbit.bench.timing import measure_interleaved
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16 import hopper as sm90
+from variants import KERNEL as sm90, tile_form
 
 gen = torch.Generator(device="cuda").manual_seed(18)
 H, I, E = 7168, 2048, 48
@@ -35,12 +35,8 @@ which = sys.argv[1:] or ["indexed", "masked", "contiguous"]
 @contextlib.contextmanager
 def no_tails():
     """The warp-specialized kernel without its tails (the table is read at launch, so at capture)."""
-    saved = sm90.WS_TAIL_TILES
-    sm90.WS_TAIL_TILES = {"masked": (), "indexed": ()}
-    try:
+    with tile_form("masked", TILE, ws_tails=False), tile_form("indexed", TILE, ws_tails=False):
         yield
-    finally:
-        sm90.WS_TAIL_TILES = saved
 
 
 def report(label, outs, t, fl, valid=None):

@@ -46,10 +46,10 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from ..formats.int4 import INT4_GROUP
 from .cases import BenchCase, ByteModel
 from .opcases import COPY_CEILING_TBS, FP8_CEILING_TFLOPS, OP_CASE_NAMES, OP_CASES, OpCase
 
-INT4_GROUP = 32
 MX_GROUP = 32
 
 __all__ = [
