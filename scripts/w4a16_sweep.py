@@ -45,7 +45,7 @@ def candidates():
 
 
 def _cfg(cfg_s):
-    from lowbit.kernels.w4a16.portable import W4A16Config as W4A16IndexedConfig
+    from lowbit.kernels.w4a16.heuristics import W4A16Config as W4A16IndexedConfig
 
     bm, bn, warps, stages, swap, split = (int(x) for x in cfg_s.split(","))
     return W4A16IndexedConfig(bm, bn, warps, stages, bool(swap), split_k=split)

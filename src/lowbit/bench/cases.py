@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from ..formats import QuantizedTensor, get_format
+from ..formats.int4 import INT4_GROUP
 from ..reference.moe import w4a16_contiguous_ref, w4a16_indexed_ref, w4a16_masked_ref
 from ..reference.routing import build_contiguous_ref, build_masked_ref, moe_align_block_size_ref
 from ..routing import ContiguousRouting, IndexedRouting, MaskedRouting, gather_rows
@@ -70,7 +71,6 @@ HBM_READ_CEILING_TBS = 4.50
 BF16_CEILING_TFLOPS = 678.0
 
 LAYOUTS = ("indexed", "contiguous", "masked")
-INT4_GROUP = 32
 
 
 @dataclass(frozen=True)

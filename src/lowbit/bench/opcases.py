@@ -26,7 +26,6 @@ COPY_CEILING_TBS = 4.28
 #: Dense FP8 tensor-core peak of the H200 SXM (TFLOP/s), the compute floor of the FP8/FP4 GEMMs.
 FP8_CEILING_TFLOPS = 1979.0
 
-INT4_GROUP = 32
 MX_GROUP = 32
 
 

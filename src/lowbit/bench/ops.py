@@ -46,12 +46,12 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from ..formats.int4 import INT4_GROUP
 from .. import routing
 from ..testing import cos_diff, rel_fro_err
 from .cases import BenchCase, ByteModel
 from .opcases import COPY_CEILING_TBS, FP8_CEILING_TFLOPS, OP_CASE_NAMES, OP_CASES, OpCase
 
-INT4_GROUP = 32
 MX_GROUP = 32
 
 __all__ = [

@@ -37,8 +37,7 @@ SMEM_LIMIT_SM90 = 232448
 #: Modules with a ``compile_configs()`` function. A new kernel family adds itself here.
 KERNEL_MODULES = [
     "lowbit.routing.kernels",
-    "lowbit.kernels.w4a16.indexed",
-    "lowbit.kernels.w4a16.grouped",
+    "lowbit.kernels.w4a16.portable",
     "lowbit.kernels.attention.portable",
     "lowbit.kernels.attention.hopper",
     "lowbit.kernels.quant",
@@ -49,7 +48,9 @@ KERNEL_MODULES = [
     "lowbit.kernels.block_scaled.portable",
     "lowbit.kernels.block_scaled.splitk",
     "lowbit.kernels.block_scaled.hopper_fp8",
-    "lowbit.kernels.w4a16.hopper",
+    "lowbit.kernels.w4a16.hopper.grouped",
+    "lowbit.kernels.w4a16.hopper.indexed",
+    "lowbit.kernels.w4a16.hopper.nloop",
     "lowbit.kernels.block_scaled.hopper_fp4",
 ]
 

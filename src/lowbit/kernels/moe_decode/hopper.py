@@ -62,7 +62,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from ...formats.moe_mxfp8 import Mxfp8ExpertWeight
 from ..compile_tier import KernelConfig
-from ..w4a16.hopper import _ACC_SCALE, _dequant_byte
+from ..w4a16.int4_gluon import ACC_SCALE, dequant_byte
 from .tiles import MMA_EXTRA_TILES, MMA_SPLITS, MMA_SPLITS_MXFP8, ROUTE_CHUNK, TILES
 
 __all__ = ["gate_up_mma_launch", "down_mma_launch", "SMEM_LIMIT", "smem_bytes", "compile_configs"]
@@ -128,7 +128,7 @@ def _unscale(FP8: gl.constexpr):
     if FP8:
         f: gl.constexpr = 1.0
     else:
-        f: gl.constexpr = _ACC_SCALE
+        f: gl.constexpr = ACC_SCALE
     return f
 
 
@@ -231,7 +231,7 @@ def _tile_step(wring, sring, xring, st, row0: gl.constexpr, BW: gl.constexpr, do
             s_o = sc.slice((2 * j + 1) * ROWS + row0, BW).load(srow)
             xe = xring.index(st * 8 + 2 * j).permute((1, 0)).load(dot_b)
             xo = xring.index(st * 8 + 2 * j + 1).permute((1, 0)).load(dot_b)
-            w_e, w_o = _dequant_byte(words, s_e[:, None], s_o[:, None], j)
+            w_e, w_o = dequant_byte(words, s_e[:, None], s_o[:, None], j)
             acc_e = mma_v2(w_e, xe, acc_e)
             acc_o = mma_v2(w_o, xo, acc_o)
     return acc_e, acc_o

@@ -1,4 +1,4 @@
-"""INT4 group-32 dequantization for the W4A16 kernels (shared by the indexed and grouped families).
+"""INT4 group-32 dequantization for the W4A16 kernels (the indexed and grouped layouts, and moe_decode).
 
 In the prepared layout (`lowbit.formats.w4a16`) a word holds nibble ``i`` of group ``i`` for 8
 groups; shifted right by ``4i`` (i < 4), its bits 0-3 and 16-19 are the codes of groups ``i``
@@ -13,7 +13,7 @@ The result is bit-identical to ``bf16((q - 8) * s)`` computed in FP32, which is 
 interpreter path computes (inline PTX does not run under the interpreter).
 
 The Gluon register-A consumers (wgmma / mma.sync A operands: `lowbit.kernels.w4a16.hopper`, the
-output-centric `moe_decode_sm90`) use the **subnormal form** instead. Their registers pair two
+output-centric `lowbit.kernels.moe_decode.hopper`, through `int4_gluon`) use the **subnormal form** instead. Their registers pair two
 K-adjacent weights of one group: given the words at K ``k`` and ``k + 1`` and byte ``j`` (groups
 ``2j`` and ``2j + 1``), one ``prmt`` gathers both words' byte j, so its low nibbles are the pair
 ``(w[2j][k], w[2j][k+1])`` and its high nibbles ``(w[2j+1][k], w[2j+1][k+1])``. Masked in without
@@ -30,9 +30,9 @@ rounding while everything stays normal and finite, 2^-62 <= |s| < 2^58 or s = 0
 instructions (prmt, 2 and, 2 fma; the magic-exponent form took eight: prmt, shr, 2 lop3, 4 fma),
 plus two bf16x2 multiplies a row and group for the factors (`scale_factors_ptx`). The kernel
 multiplies its FP32 accumulator by `SUBNORMAL_ACC_SCALE` (2^64) once after the main loop: the
-products and their sums are the magic form's times 2^-64, so the result is bit-identical. H200,
-2026-11-30 (`scripts/probes/variant_cases.py`, the group-loop tiles, same process): 1.02-1.08x.
-`DEQUANT_PAIR_PTX` in the register-A role cost ~3 instructions a weight (prmt repacks, shifts).
+products and their sums are the magic form's times 2^-64, so the result is bit-identical
+(`DEQUANT_PAIR_PTX` in the register-A role costs ~3 instructions a weight: prmt repacks, shifts).
+H200, 2026-11-30, fa07611: the group-loop tiles 1.02-1.08x on the subnormal form.
 """
 
 import triton

@@ -1,27 +1,36 @@
-"""What the W4A16 kernel families share: the main loop over K, the launch configuration type,
-the GPU-validated tile table and the environment overrides.
+"""The portable W4A16 kernels (Triton: every tier, the interpreter too): the shared main loop over
+K, the indexed, contiguous and masked kernels, the split-K reduction, their launchers and their
+compile-tier configurations.
 
 `w4a16_tile` computes one ``[BM, BN]`` output tile ``A[rows] @ dequant(W[e, cols])^T`` in FP32
 from the prepared layout (`lowbit.formats.w4a16`): per 256-wide K tile, one load of 32 words
 per weight row; a shift by ``4i`` exposes groups ``i`` and ``i + 4``, dequantized two at a time
-by `int4_dequant.dequant_pair` with one scale per row, then two 32-deep tensor-core dots.
+by `int4.dequant_pair` with one scale per row, then two 32-deep tensor-core dots.
 ``SWAP_AB`` puts the dequantized weight on the MMA's M side (``acc^T[BN, BM] += W @ A^T``):
 the words go from shared memory straight into the wgmma A-operand registers, are dequantized
 there, and never return to shared memory; the activations are the B operand.
+
+Indexed kernel: one program per (routing block, N tile); blocks past the device-side padded
+count and ``-1`` (remote expert) blocks return at once; sentinel rows are masked, so no host
+readback and no out-of-bounds access. Contiguous: each expert's segment is padded to 128 rows
+and every M tile divides 128, so a tile whose first row is padding is all padding. Masked:
+programs past ``masked_m[g]`` return at once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
+import torch
 import triton
 import triton.language as tl
 
-from ...runtime import numerics, overrides
+from ...routing.layouts import live_block_bound
+from ...runtime import numerics
+from ...runtime.kernel_config import KernelConfig
 from .int4 import dequant_pair
+from .tiles import ALLOWED_SPILL_BYTES, VALIDATED_TILES
 
-__all__ = ["GLUON_ENGINES", "REGISTER_A_ENGINES", "VALIDATED_TILES", "W4A16Config", "apply_env_overrides", "avoid_miscompile", "env_key", "env_value",
-           "override_names", "pick_gluon_tile", "w4a16_tile"]
+__all__ = ["compile_configs", "splitk_reduce", "w4a16_contiguous_launch", "w4a16_indexed_launch",
+           "w4a16_masked_launch", "w4a16_tile"]
 
 
 @triton.jit
@@ -62,122 +71,177 @@ def w4a16_tile(a_ptr, a_row, row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
     return acc
 
 
-@dataclass(frozen=True)
-class W4A16Config:
-    """Launch choice of a W4A16 kernel: the M tile (for the indexed family also the routing
-    block size), the N tile, warps, pipeline stages, whether the weight is the MMA's M side,
-    and split-K (indexed family only: K shares summed in FP32 by a second kernel)."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    swap_ab: bool
-    split_k: int = 1
-    #: "triton" (every tier) or one of `GLUON_ENGINES` (`w4a16_sm90`, the Hopper kernels that
-    #: overlap dequant with wgmma; the heuristics' choice on sm_90 where measured faster)
-    engine: str = "triton"
-    reason: str = ""
-    #: indexed family, engine "gluon_rs": gather the routed rows into the routing's slot order
-    #: first (`moe_routing.gather_indexed_rows`) and load them by TMA (`w4a16_sm90.PREGATHER_TILES`)
-    pregather: bool = False
-
-
-#: The Hopper engines besides "triton": "gluon" (dequantized weights staged in shared memory),
-#: "gluon_rs" (dequantized weights as the register A operand of wgmma) and "gluon_ws" (the
-#: register-A kernel with a producer partition issuing every load: TMA for the grouped layouts,
-#: the indexed kernel's routed rows by cp.async; two-warpgroup tiles only).
-GLUON_ENGINES = ("gluon", "gluon_rs", "gluon_ws")
-#: The engines that run the register-A tiles (`w4a16_sm90.GLUON_RS_TILES` / `INDEXED_RS_TILES`).
-REGISTER_A_ENGINES = ("gluon_rs", "gluon_ws")
-
-#: Tiles that passed the GPU correctness check of `scripts/w4a16_sweep.py` and are the fastest
-#: measured in their regime (H200, 2026-11-29, sweep at a075672, median us, L2 flushed;
-#: gate_up / down of the indexed kernel):
-#:   EP8 20 tok (tok_e 3.3):    16x256 w4: 363 / 190   32x128 w8: 399 / 222   64x64 w4: 617 / 386
-#:   TP8 8192 rows (tok_e 21):  32x128 w8: 455 / 394   16x256 w4: 653 / 526   64x64 w4: 694 / 695
-#:   EP8 2048 rows (tok_e 43):  64x64 w4:  705 / 420   64x128 w8: 766 / 410   32x128 w8: 809 / 432
-#: 128-row tiles were all slower (>= 1010 us on EP8 2048 gate_up) or out of shared memory.
-#: Triton 3.6 built kernels that fault (misaligned address) for some other tiles (64x256 w8,
-#: 32x128 w4): a tile enters this table only after passing the GPU check.
-#: block_m -> (block_n, num_warps, num_stages, swap_ab)
-VALIDATED_TILES: dict[int, tuple[int, int, int, bool]] = {
-    16: (256, 4, 3, True),
-    32: (128, 8, 3, True),
-    64: (64, 4, 3, True),
-}
-
-#: Register spills (stack bytes, sm_90a compile) tolerated per tile: the 16x256 decode tile
-#: spills 104-176 B at 255 registers yet measured fastest (EP8 20 tok gate_up 363 us vs 378 us
-#: for the spill-free 16x64 tile, same sweep); every other tile must not spill. The same tile's
-#: wgmmas are serialized (ptxas C7515, part of that measurement): tolerated with the spills.
-ALLOWED_SPILL_BYTES: dict[int, int] = {16: 256}
-
-_OVERRIDE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "swap_ab", "split_k", "engine")
+@triton.jit
+def _w4a16_indexed_kernel(
+    a_ptr, qw_ptr, s_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, topk_w_ptr,
+    N, K, num_routes, top_k,
+    stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm, stride_ws,
+    BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    ntpp = tl.load(ntpp_ptr)
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)  # beside the count: one load latency, not two
+    if (pid_m * BM >= ntpp) | (e < 0):  # past the device-side padded count, or another rank's expert (EP)
+        return
+    rm = pid_m * BM + tl.arange(0, BM)
+    ids = tl.load(sorted_ids_ptr + rm)
+    valid = ids < num_routes
+    a_row = tl.where(valid, ids // top_k, 0).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    k_tiles = tl.cdiv(K, 256)
+    if SPLIT_K == 1:
+        acc = w4a16_tile(a_ptr, a_row, valid, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                         stride_qe, stride_qn, stride_se, stride_sk, K, 0, k_tiles, BM, BN, SWAP_AB)
+    else:
+        # this program's share of the K tiles (possibly empty: it then stores zeros)
+        per = tl.cdiv(k_tiles, SPLIT_K)
+        kt_lo = tl.program_id(2) * per
+        kt_hi = tl.minimum(kt_lo + per, k_tiles)
+        acc = w4a16_tile(a_ptr, a_row, valid, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                         stride_qe, stride_qn, stride_se, stride_sk, K, kt_lo, kt_hi, BM, BN, SWAP_AB)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
+    mask = valid[:, None] & n_ok[None, :]
+    c = c_ptr + ids[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    if SPLIT_K == 1:
+        tl.store(c, numerics.to_bf16(acc), mask=mask)
+    else:  # c_ptr is the FP32 workspace [SPLIT_K, M * top_k, N]
+        tl.store(c + tl.program_id(2).to(tl.int64) * stride_ws, acc, mask=mask)
 
 
-def override_names(family: str) -> list[str]:
-    """``LOWBIT_<FAMILY>_BLOCK_M`` ... : the documented tuning overrides of a W4A16 family."""
-    return overrides.override_names(family, _OVERRIDE_FIELDS)
+@triton.jit
+def _w4a16_indexed_splitk_reduce_kernel(
+    ws_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, N, num_routes, stride_ws, stride_wm, stride_cm,
+    BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """``out[id] = bf16(sum_s ws[s, id])`` over exactly the rows the main kernel wrote (same
+    block walk, same early exits), so unrouted rows of `out` stay untouched."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BM >= tl.load(ntpp_ptr):
+        return
+    if tl.load(expert_ids_ptr + pid_m) < 0:
+        return
+    ids = tl.load(sorted_ids_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = ids < num_routes
+    rn = pid_n * BN + tl.arange(0, BN)
+    mask = valid[:, None] & (rn < N)[None, :]
+    rows = ids[:, None].to(tl.int64)
+    acc = tl.zeros([BM, BN], tl.float32)
+    for s in tl.static_range(SPLIT_K):  # fixed order: deterministic sums
+        acc += tl.load(ws_ptr + s * stride_ws + rows * stride_wm + rn[None, :], mask=mask, other=0.0)
+    tl.store(c_ptr + rows * stride_cm + rn[None, :], numerics.to_bf16(acc), mask=mask)
 
 
-def env_key(family: str) -> tuple:
-    """The overrides' current values (part of every memo key)."""
-    return overrides.env_key(family, _OVERRIDE_FIELDS)
+@triton.jit
+def _w4a16_contiguous_kernel(
+    a_ptr, qw_ptr, s_ptr, c_ptr, m_indices_ptr,
+    M, N, K, stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
+    BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(m_indices_ptr + pid_m * BM).to(tl.int64)
+    if e < 0:  # segments start 128-aligned and BM divides 128: the whole tile is padding
+        return
+    rm = pid_m * BM + tl.arange(0, BM)
+    row_ok = tl.load(m_indices_ptr + rm, mask=rm < M, other=-1) >= 0
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    acc = w4a16_tile(a_ptr, rm.to(tl.int64), row_ok, stride_am, qw_ptr, s_ptr, e, rn, n_ok,
+                     stride_qe, stride_qn, stride_se, stride_sk, K, 0, tl.cdiv(K, 256), BM, BN, SWAP_AB)
+    c = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c, numerics.to_bf16(acc), mask=row_ok[:, None] & n_ok[None, :])
 
 
-def env_value(env: tuple, field: str) -> str:
-    """The raw value of override `field` in an `env_key` tuple ("" when unset)."""
-    return env[_OVERRIDE_FIELDS.index(field)]
+@triton.jit
+def _w4a16_masked_kernel(
+    a_ptr, qw_ptr, s_ptr, c_ptr, masked_m_ptr,
+    max_m, N, K, stride_am, stride_qe, stride_qn, stride_se, stride_sk, stride_cm,
+    BM: tl.constexpr, BN: tl.constexpr, SWAP_AB: tl.constexpr,
+):
+    g = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    valid_m = tl.minimum(tl.load(masked_m_ptr + g), max_m)
+    if pid_m * BM >= valid_m:
+        return
+    r = pid_m * BM + tl.arange(0, BM)
+    row_ok = r < valid_m
+    rows = g.to(tl.int64) * max_m + r
+    rn = pid_n * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    acc = w4a16_tile(a_ptr, rows, row_ok, stride_am, qw_ptr, s_ptr, g.to(tl.int64), rn, n_ok,
+                     stride_qe, stride_qn, stride_se, stride_sk, K, 0, tl.cdiv(K, 256), BM, BN, SWAP_AB)
+    c = c_ptr + rows[:, None] * stride_cm + rn[None, :]
+    tl.store(c, numerics.to_bf16(acc), mask=row_ok[:, None] & n_ok[None, :])
 
 
-def apply_env_overrides(cfg: W4A16Config, family: str) -> W4A16Config:
-    return overrides.apply_env_overrides(cfg, family, _OVERRIDE_FIELDS)
+def w4a16_indexed_launch(a: torch.Tensor, w, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
+                         ntpp: torch.Tensor, top_k: int, topk_weights: torch.Tensor | None, out: torch.Tensor, *,
+                         block_m: int, block_n: int, swap_ab: bool, num_warps: int, num_stages: int,
+                         split_k: int = 1) -> None:
+    """The Triton indexed kernel on operands `lowbit.kernels.w4a16.indexed` has validated (its
+    docstring has the shapes): ``out [M * top_k, N]`` bf16; with `split_k` > 1 the K shares go to
+    an FP32 workspace, summed in a fixed order by `splitk_reduce`."""
+    num_routes, n = out.shape
+    dst = out if split_k == 1 else torch.empty(split_k, num_routes, n, dtype=torch.float32, device=a.device)
+    _w4a16_indexed_kernel[(live_block_bound(expert_ids.numel(), num_routes), triton.cdiv(n, block_n), split_k)](
+        a, w.qweight, w.scales, dst, sorted_ids, expert_ids, ntpp,
+        topk_weights if topk_weights is not None else a,
+        n, w.k, num_routes, top_k,
+        a.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0), w.scales.stride(1),
+        dst.stride(-2), dst.stride(0) if split_k > 1 else 0,
+        BM=block_m, BN=block_n, SWAP_AB=swap_ab, MUL_WEIGHT=topk_weights is not None,
+        SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages,
+    )
+    if split_k > 1:
+        splitk_reduce(dst, out, sorted_ids, expert_ids, ntpp, block_m, block_n)
 
 
-def pick_gluon_tile(tiles: tuple, rows: int, cfg: W4A16Config, env: tuple,
-                    wide: bool = False) -> tuple[int, int, int, int]:
-    """A Gluon engine's tile ``(weight rows, rows, warps, stages)`` with `rows` rows: the first
-    one (each table lists its default first per row count; with `wide`, the heuristics chose the
-    four-warpgroup tile, so its 256-weight-row tiles come first) that matches the ``_BLOCK_N``
-    and ``_NUM_STAGES`` overrides set in `env` (the family's `env_key`, whose values `cfg`
-    carries); the row count's default when none matches, the table's first tile when no tile has
-    `rows`."""
-    forced_n = env_value(env, "block_n")
-    forced_stages = env_value(env, "num_stages")
-    if wide:
-        tiles = tuple(t for t in tiles if t[0] == 256) + tuple(tiles)
-    same_rows = [t for t in tiles if t[1] == rows]
-    fits = [t for t in same_rows
-            if (not forced_n or t[0] == cfg.block_n) and (not forced_stages or t[3] == cfg.num_stages)]
-    return (fits or same_rows or [tiles[0]])[0]
+def splitk_reduce(ws: torch.Tensor, out: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
+                  ntpp: torch.Tensor, block_m: int, block_n: int) -> None:
+    """``out[id] = bf16(sum_s ws[s, id])`` for the routed rows of the FP32 shares ``ws [S, rows, N]``
+    (routing blocks of `block_m` slots; `block_n` output columns a program)."""
+    n = out.shape[1]
+    _w4a16_indexed_splitk_reduce_kernel[(live_block_bound(expert_ids.numel(), out.shape[0]), triton.cdiv(n, block_n))](
+        ws, out, sorted_ids, expert_ids, ntpp, n, out.shape[0], ws.stride(0), ws.stride(1), out.stride(0),
+        BM=block_m, BN=block_n, SPLIT_K=ws.shape[0], num_warps=4,
+    )
 
 
-def avoid_miscompile(cfg: W4A16Config, n: int) -> W4A16Config:
-    """The configuration to launch for N = `n`. Triton 3.6 builds a wrong kernel for the 64x64
-    swap-AB tile (4 warps) at 2 and 3 pipeline stages when N is not a multiple of 16: relative
-    error ~1 on the H200, indexed and contiguous alike, for N = 37, 72, 100, 136, 200 (1 and 4
-    stages and the 16- and 32-row tiles correct; N = 192 correct everywhere; probe of 2026-11-29,
-    kept as the GPU test ``test_tiles_with_n_off_16``). Such shapes run the tile unpipelined:
-    correct first (production shapes, N = 4096 / 7168, are multiples of 16 and unaffected)."""
-    if (cfg.engine == "triton" and n % 16 and cfg.block_m == 64 and cfg.block_n == 64 and cfg.swap_ab
-            and cfg.num_stages in (2, 3)):
-        return replace(cfg, num_stages=1, reason=f"{cfg.reason}; N={n} % 16 != 0: 1 stage (Triton 3.6 "
-                       f"miscompiles this tile at {cfg.num_stages} stages)")
-    return cfg
+def w4a16_contiguous_launch(a2: torch.Tensor, w, m_indices: torch.Tensor, out: torch.Tensor, *, block_m: int,
+                            block_n: int, swap_ab: bool, num_warps: int, num_stages: int) -> None:
+    """The Triton contiguous kernel on operands `lowbit.kernels.w4a16.grouped.contiguous` has
+    validated: ``a2 [m, K]`` bf16 (m a multiple of 128), ``m_indices [m]`` int32, ``out [m, N]`` bf16."""
+    m = a2.shape[0]
+    grid = (m // block_m, triton.cdiv(w.n, block_n))
+    _w4a16_contiguous_kernel[grid](
+        a2, w.qweight, w.scales, out, m_indices,
+        m, w.n, w.k, a2.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0),
+        w.scales.stride(1), out.stride(0),
+        BM=block_m, BN=block_n, SWAP_AB=swap_ab, num_warps=num_warps, num_stages=num_stages,
+    )
 
 
-def tile_config(block_m: int, why: str) -> W4A16Config:
-    if block_m not in VALIDATED_TILES:
-        raise ValueError(f"no GPU-validated W4A16 tile with block_m={block_m}; one of {sorted(VALIDATED_TILES)}")
-    bn, warps, stages, swap = VALIDATED_TILES[block_m]
-    return W4A16Config(block_m, bn, warps, stages, swap, reason=why)
+def w4a16_masked_launch(a_flat: torch.Tensor, w, masked_m: torch.Tensor, out: torch.Tensor, max_m: int, *,
+                        block_m: int, block_n: int, swap_ab: bool, num_warps: int, num_stages: int) -> None:
+    """The Triton masked kernel on operands `lowbit.kernels.w4a16.grouped.masked` has validated:
+    ``a_flat [G * max_m, K]`` bf16, ``masked_m [G]`` int32, ``out [G * max_m, N]`` bf16."""
+    grid = (w.num_experts, triton.cdiv(max_m, block_m), triton.cdiv(w.n, block_n))
+    _w4a16_masked_kernel[grid](
+        a_flat, w.qweight, w.scales, out, masked_m,
+        max_m, w.n, w.k, a_flat.stride(0), w.qweight.stride(0), w.qweight.stride(1), w.scales.stride(0),
+        w.scales.stride(1), out.stride(0),
+        BM=block_m, BN=block_n, SWAP_AB=swap_ab, num_warps=num_warps, num_stages=num_stages,
+    )
 
 
-def compile_configs_for(fn, signature: dict, name: str, extra_constexprs: list[dict], unaligned: tuple[str, ...]):
-    """KernelConfigs of every validated tile x each extra-constexpr variant (compile tier)."""
-    from ..compile_tier import KernelConfig
-
+def _configs_for(fn, signature: dict, name: str, extra_constexprs: list[dict], unaligned: tuple[str, ...]):
+    """KernelConfigs of every validated tile x each extra-constexpr variant."""
     cfgs = []
     for bm, (bn, warps, stages, swap) in VALIDATED_TILES.items():
         for extra in extra_constexprs:
@@ -189,3 +253,38 @@ def compile_configs_for(fn, signature: dict, name: str, extra_constexprs: list[d
                 max_spill_bytes=ALLOWED_SPILL_BYTES.get(bm, 0),
                 allowed_ptxas=("C7515",) if bm in ALLOWED_SPILL_BYTES else ()))
     return cfgs
+
+
+def compile_configs() -> list[KernelConfig]:
+    """Every Triton configuration the heuristics can pick (indexed, contiguous, masked), plus the
+    indexed split-K path and its reduction (reachable through ``LOWBIT_W4A16_SPLIT_K``)."""
+    sig = {"a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+           "expert_ids_ptr": "*i32", "ntpp_ptr": "*i32", "topk_w_ptr": "*fp32",
+           "N": "i32", "K": "i32", "num_routes": "i32", "top_k": "i32",
+           "stride_am": "i32", "stride_qe": "i32", "stride_qn": "i32", "stride_se": "i32", "stride_sk": "i32",
+           "stride_cm": "i32", "stride_ws": "i32",
+           "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr", "MUL_WEIGHT": "constexpr",
+           "SPLIT_K": "constexpr"}
+    cfgs = _configs_for(_w4a16_indexed_kernel, sig, "w4a16_indexed",
+                        [{"MUL_WEIGHT": False, "SPLIT_K": 1}, {"MUL_WEIGHT": True, "SPLIT_K": 1}],
+                        ("num_routes", "top_k"))
+    sig_split = {**sig, "c_ptr": "*fp32"}
+    cfgs += _configs_for(_w4a16_indexed_kernel, sig_split, "w4a16_indexed_splitk",
+                         [{"MUL_WEIGHT": w, "SPLIT_K": k} for k in (2, 4) for w in (False, True)],
+                         ("num_routes", "top_k"))
+    red_sig = {"ws_ptr": "*fp32", "c_ptr": "*bf16", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+               "ntpp_ptr": "*i32", "N": "i32", "num_routes": "i32", "stride_ws": "i32", "stride_wm": "i32",
+               "stride_cm": "i32", "BM": "constexpr", "BN": "constexpr", "SPLIT_K": "constexpr"}
+    for bm, (bn, _, _, _) in VALIDATED_TILES.items():
+        for k in (2, 4):
+            cfgs.append(KernelConfig(f"w4a16_indexed_splitk_reduce[BM={bm},BN={bn},SPLIT_K={k}]",
+                                     _w4a16_indexed_splitk_reduce_kernel, red_sig, {"BM": bm, "BN": bn, "SPLIT_K": k},
+                                     num_warps=4, unaligned=("num_routes",)))
+    common = {"N": "i32", "K": "i32", "stride_am": "i32", "stride_qe": "i32", "stride_qn": "i32",
+              "stride_se": "i32", "stride_sk": "i32", "stride_cm": "i32",
+              "BM": "constexpr", "BN": "constexpr", "SWAP_AB": "constexpr"}
+    ptrs = {"a_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "c_ptr": "*bf16"}
+    sig_c = {**ptrs, "m_indices_ptr": "*i32", "M": "i32", **common}
+    sig_m = {**ptrs, "masked_m_ptr": "*i32", "max_m": "i32", **common}
+    return (cfgs + _configs_for(_w4a16_contiguous_kernel, sig_c, "w4a16_contiguous", [{}], ())
+            + _configs_for(_w4a16_masked_kernel, sig_m, "w4a16_masked", [{}], ("max_m",)))
