@@ -1,12 +1,14 @@
 """Helpers shared by the test files: problem builders and device checks that more than one
 family's tests use. Family-specific builders stay beside their tests."""
 
+from __future__ import annotations
+
 import torch
 
 from lowbit.formats import QuantizedTensor, get_format, pack_mxfp8_experts
 from lowbit.formats.fp4 import quantize_mxfp4
 from lowbit.formats.fp8 import quantize_fp8_blocks, quantize_fp8_groups
-from lowbit.formats.w4a16 import pack_w4a16
+from lowbit.formats.w4a16 import W4A16Weight, pack_w4a16, pack_w4a16_grouped
 from lowbit.testing import assert_close, interpreter_active, poison_, random_topk_ids, random_topk_weights
 
 
@@ -99,3 +101,27 @@ def run_into_poisoned(fn, *args, m: int, n: int, device, **kw) -> torch.Tensor:
     res = fn(*args, out=out, **kw)
     assert res is out
     return out
+
+
+# --------------------------------------------------------------------------- W4A16 GEMMs
+INT4 = get_format("int4_g32")
+
+
+def int4_experts(e: int, n: int, k: int, gen: torch.Generator, device, layout: str = "indexed",
+                 scale: float = 0.05) -> tuple[QuantizedTensor, W4A16Weight]:
+    """E experts of ``[n, k]`` INT4 group-32 weights (normal draws times `scale`, quantized on the
+    CPU) and their prepared form for `layout` ("indexed", or "contiguous" / "masked") on `device`."""
+    wq = INT4.quantize(torch.randn(e, n, k, generator=gen) * scale)
+    packed = pack_w4a16(wq) if layout == "indexed" else pack_w4a16_grouped(wq, mode=layout)
+    return wq, packed.to(device)
+
+
+def indexed_problem(e: int, n: int, k: int, t: int, top_k: int, gen: torch.Generator, device,
+                    hot: int | None = None) -> tuple[QuantizedTensor, W4A16Weight, torch.Tensor, torch.Tensor]:
+    """An indexed MoE GEMM problem: (logical INT4 weights ``[e, n, k]``, packed on `device`,
+    activations ``bf16 [t, k]``, top-k expert ids ``int32 [t, top_k]`` with distinct experts a
+    token, all on expert `hot` when given)."""
+    wq, pw = int4_experts(e, n, k, gen, device)
+    a = torch.randn(t, k, generator=gen).to(torch.bfloat16)
+    ids = random_topk_ids(t, top_k, e, generator=gen, hot_expert=hot)
+    return wq, pw, a.to(device), ids.to(device)

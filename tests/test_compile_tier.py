@@ -38,12 +38,12 @@ def test_all_production_configs_compile_for_sm90a():
 
 
 def _nloop_occupancy_matches_its_table(reports: list[dict]) -> None:
-    """The N-loop heuristics' CTAs an SM (`w4a16_sm90.NLOOP_CTAS_PER_SM`, which sizes its waves) are
+    """The N-loop heuristics' CTAs an SM (`lowbit.kernels.w4a16.tiles.NLOOP_CTAS_PER_SM`, which sizes its waves) are
     what the compiled tiles' registers and shared memory allow (65,536 registers in units of 8 a
     thread; 228 KB of shared memory, 1 KB of it reserved a CTA)."""
     import re
 
-    from lowbit.kernels.w4a16.hopper import NLOOP_CTAS_PER_SM
+    from lowbit.kernels.w4a16.tiles import NLOOP_CTAS_PER_SM
 
     seen = set()
     for r in reports:

@@ -9,9 +9,22 @@ from lowbit import reference, routing
 from lowbit.formats import FormatError, get_format
 from lowbit.formats.w4a16 import pack_w4a16, unpack_w4a16
 from lowbit.routing.kernels import gather_indexed_rows
-from lowbit.kernels.w4a16.portable import VALIDATED_TILES
+from lowbit.kernels.w4a16 import heuristics
+from lowbit.kernels.w4a16.heuristics import W4A16Config, tile_config
 from lowbit.kernels.w4a16.indexed import w4a16_indexed, w4a16_indexed_config
-from lowbit.kernels.w4a16.hopper import INDEXED_RS_TILES, INDEXED_SPLIT_TILES, INDEXED_WS_TILES, PREGATHER_TILES
+from lowbit.kernels.w4a16.tiles import (
+    GROUP_LOOP_MAXNREG,
+    INDEXED_REGISTER_A,
+    INDEXED_RS_TILES,
+    INDEXED_SPLIT_TILES,
+    INDEXED_TILES,
+    INDEXED_WS_TILES,
+    NLOOP_MAX_ROW_TILES,
+    NLOOP_N_TILES,
+    NLOOP_TILES,
+    PREGATHER_TILES,
+    VALIDATED_TILES,
+)
 from lowbit.testing import (
     assert_bitwise_equal,
     assert_close,
@@ -20,21 +33,23 @@ from lowbit.testing import (
     random_topk_weights,
 )
 
+from helpers import indexed_problem as _problem
+
 INT4 = get_format("int4_g32")
 BLOCKS = sorted(VALIDATED_TILES)  # every M tile the heuristics can pick
 
 
-def _problem(e, n, k, t, top_k, gen, device, hot=None):
-    wq = INT4.quantize(torch.randn(e, n, k, generator=gen) * 0.05)
-    a = torch.randn(t, k, generator=gen).to(torch.bfloat16)
-    ids = random_topk_ids(t, top_k, e, generator=gen, hot_expert=hot)
-    return wq, pack_w4a16(wq).to(device), a.to(device), ids.to(device)
+def _rs(tile, engine="gluon_rs", **kw) -> W4A16Config:
+    """The explicit configuration of a Hopper `tile` (weight rows, routing block, warps, stages)."""
+    bw, block, warps, stages = tile
+    return W4A16Config(block, bw, warps, stages, True, engine=engine, reason="test", **kw)
 
 
 def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, over_alloc=0, split_k=0,
-           slot_order=False):
+           slot_order=False, config=None):
     """(out, FP32 reference) of `w4a16_indexed` on a fresh routing; `slot_order`: `a` handed over
-    already in slot order (`gather_indexed_rows`, ``slot_order_routes``)."""
+    already in slot order (`gather_indexed_rows`, ``slot_order_routes``); `config`: the launch
+    configuration (default: the heuristics' for the routing block)."""
     e = ids.max().item() + 1 if emap is None else emap.numel()
     r = routing.moe_align_block_size(ids, block, max(e, wq.codes.shape[0]) if emap is None else emap.numel(), emap)
     sorted_ids, expert_ids = r.sorted_token_ids, r.expert_ids
@@ -42,7 +57,7 @@ def _check(a, wq, pw, ids, block, top_k, device, emap=None, topk_weights=None, o
         sorted_ids = torch.cat([sorted_ids, torch.full((over_alloc * block,), ids.numel(), dtype=torch.int32, device=device)])
         expert_ids = torch.cat([expert_ids, torch.zeros(over_alloc, dtype=torch.int32, device=device)])
     out = poison_(torch.empty(ids.numel(), pw.n, dtype=torch.bfloat16, device=device))
-    cfg = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
+    cfg = config or w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
     if split_k:
         cfg = replace(cfg, split_k=split_k)
     if slot_order:
@@ -125,8 +140,7 @@ def test_reference_refuses_a_block_with_no_route(gen):
 def test_nloop_tiles_a_program_follow_the_grid():
     """The N-loop kernel's tiles a program (`nloop_n_tiles`): the measured best at Kimi TP8 down's
     bench sizes, the fewest (8) on a decode grid, never more than the row-tile cap."""
-    from lowbit.kernels.w4a16.hopper import NLOOP_MAX_ROW_TILES, NLOOP_N_TILES, nloop_n_tiles
-
+    nloop_n_tiles = heuristics.nloop_n_tiles
     for tokens, block, best in ((8192, 128, 28), (4096, 64, 56), (2048, 64, 56), (1024, 32, 28), (32, 16, 14),
                                 (20, 16, 8)):
         assert nloop_n_tiles(block, tokens * 8, 384, 7168) == best, (tokens, block)
@@ -137,57 +151,46 @@ def test_nloop_tiles_a_program_follow_the_grid():
     assert nloop_n_tiles(32, 8192, 384, 7168, num_sms=264) < nloop_n_tiles(32, 8192, 384, 7168)  # more SMs
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("tile", sorted({t for t in INDEXED_WS_TILES if t[2] == 8}))
+@pytest.mark.sm90
+@pytest.mark.parametrize("tile", NLOOP_TILES)
 def test_nloop_long_programs_match_reference(tile, gen, monkeypatch):
     """The N loop with as many tiles a program as `nloop_n_tiles` allows (its wave floor lifted,
     so a small grid takes 28-56 tiles a program): one K step, N tiles past a chunk, experts of
     ~150 rows (full blocks and half tails) and a hot expert with routing weights."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the N loop is the sm_90 kernel")
-    from lowbit.kernels.w4a16 import hopper as w4a16_sm90
-
-    monkeypatch.setattr(w4a16_sm90, "NLOOP_MIN_WAVES", 0)
-    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")
-    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(tile[0]))
-    monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(tile[3]))
-    assert w4a16_sm90.nloop_n_tiles(tile[1], 300, 2, 7200) >= 28
+    monkeypatch.setattr(heuristics, "NLOOP_MIN_WAVES", 0)
+    assert heuristics.nloop_n_tiles(tile[1], 300, 2, 7200) >= 28
+    assert heuristics.runs_nloop(tile, 256)
     for e, n, t, hot in ((2, 7200, 150, None), (3, 4104, 40, 1)):  # 57 / 33 N tiles of 128
         wq, pw, a, ids = _problem(e, n, 256, t, 2, gen, "cuda", hot=hot)
-        assert "N-loop" in w4a16_indexed_config(2 * t, e, n, 256, block_m=tile[1]).reason
         tw = random_topk_weights(t, 2, generator=gen).cuda() if hot is not None else None
-        out, ref = _check(a, wq, pw, ids, tile[1], 2, "cuda", topk_weights=tw, over_alloc=2)
+        out, ref = _check(a, wq, pw, ids, tile[1], 2, "cuda", topk_weights=tw, over_alloc=2,
+                          config=_rs(tile, "gluon_ws"))
         assert_close(out.float(), ref, "bf16_out", f"N loop {tile}, E{e} N{n} T{t}")
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("block,engine", [(b, "gluon") for b in BLOCKS]
                          + [(b, "gluon_rs") for b in sorted({t[1] for t in INDEXED_RS_TILES})]
                          + [(b, "gluon_ws") for b in sorted({t[1] for t in INDEXED_WS_TILES})])
 def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
-    """The Hopper Gluon kernels (w4a16_sm90, LOWBIT_W4A16_ENGINE=gluon / gluon_rs) through the
-    same checks as the Triton kernel, every tile of the routing block (the register-A kernel
-    also runs 128-row blocks): N and K off the tiles (5 K steps; 9 to wrap the ring), one token,
-    experts of ~150 rows (a 128-row block's full and half-row tiles, `HALF_TAIL_TILES`, also on
-    the one-K-step N loop, `NLOOP_HALF_TAIL_TILES`) and of
-    ~44 (a 64-row block's full, half and three-quarter tiles, `WS_TAIL_TILES`), a hot
-    expert with routing weights and over-allocated buffers, remote experts and dropped
-    routes, and activations whose rows are not 16-byte aligned (refused, not misread)."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
-    from lowbit.kernels.w4a16.hopper import INDEXED_TILES
-
-    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", engine)
+    """The Hopper Gluon kernels (engines gluon / gluon_rs / gluon_ws) through the same checks as
+    the Triton kernel, every tile of the routing block (the register-A kernel also runs 128-row
+    blocks): N and K off the tiles (5 K steps; 9 to wrap the ring), one token, experts of ~150
+    rows (a 128-row block's full and half-row tiles, also on the one-K-step N loop) and of ~44 (a
+    64-row block's full, half and three-quarter tiles), a hot expert with routing weights and
+    over-allocated buffers, remote experts and dropped routes, and activations whose rows are
+    not 16-byte aligned (refused, not misread). ``LOWBIT_W4A16_ENGINE`` picks the engine (the
+    shared-memory one for a routing block the engine has no tile for)."""
     tiles = {"gluon": INDEXED_TILES, "gluon_rs": INDEXED_RS_TILES, "gluon_ws": INDEXED_WS_TILES}[engine]
     if not any(t[1] == block for t in tiles):
         engine, tiles = "gluon", INDEXED_TILES  # an engine without this routing block: the shared-memory kernel
+    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", engine)
     ran = w4a16_indexed_config(8, 4, 80, 288, block_m=block).engine
     assert ran == engine, ran
-    for bw, _, _, stages in [t for t in tiles if t[1] == block]:
-        monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(stages))
-        monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(bw))
-        c = w4a16_indexed_config(8, 4, 80, 288, block_m=block)
-        assert (c.block_n, c.num_stages) == (bw, stages), c
+    monkeypatch.delenv("LOWBIT_W4A16_ENGINE")
+    block_tiles = [t for t in tiles if t[1] == block]
+    for tile in block_tiles:
+        cfg = _rs(tile, engine)
         for e, n, k, t, top_k in ((4, 80, 288, 5, 2), (6, 64, 256, 1, 4), (3, 200, 1056, 40, 2),
                                   (2, 72, 2304, 6, 2),  # 9 K steps: the ring wraps several times
                                   (3, 1096, 256, 7, 2),  # one K step, 9 N tiles of 128: the N loop's chunks
@@ -195,23 +198,22 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
                                   (2, 136, 512, 150, 2),  # ~150 rows an expert: full blocks and half tails
                                   (4, 72, 544, 88, 2)):  # ~44 rows an expert: 64-row blocks' three tiles
             wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
-            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda")
-            assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} {bw} rows, stages {stages}")
+            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", config=cfg)
+            assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} tile {tile}")
         for t in (24, 150):  # 150: the hot expert's full 128-row blocks and its tail take the weights too
             wq, pw, a, ids = _problem(5, 48, 256, t, 2, gen, "cuda", hot=1)
             tw = random_topk_weights(t, 2, generator=gen).cuda()
-            out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3)
+            out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3, config=cfg)
             assert_close(out.float(), ref, "bf16_out", f"hot expert, weights, over-allocated, {t} tokens")
-    monkeypatch.delenv("LOWBIT_W4A16_NUM_STAGES")
-    monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
+    cfg = _rs(block_tiles[0], engine)
     wq, pw, a, ids = _problem(2, 52, 256, 3, 2, gen, "cuda")  # N % 8: the scales' TMA rows misalign
     with pytest.raises(ValueError, match="multiple of 8"):
-        _check(a, wq, pw, ids, block, 2, "cuda")
+        _check(a, wq, pw, ids, block, 2, "cuda", config=cfg)
     wq, pw, a, ids = _problem(6, 40, 256, 9, 2, gen, "cuda")
     ids.view(-1)[::5] = -1
     emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
     wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
-    out, ref = _check(a, wq_local, pack_w4a16(wq_local).to("cuda"), ids, block, 2, "cuda", emap=emap)
+    out, ref = _check(a, wq_local, pack_w4a16(wq_local).to("cuda"), ids, block, 2, "cuda", emap=emap, config=cfg)
     untouched = ids.flatten().cpu() < 2
     assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", "EP map")
@@ -220,30 +222,26 @@ def test_gluon_engine_matches_reference(block, engine, gen, monkeypatch):
         a_odd = torch.empty(4, 260, dtype=torch.bfloat16, device="cuda")[:, :256]
         a_odd.copy_(a)
         with pytest.raises(ValueError, match="16-byte"):
-            _check(a_odd, wq, pw, ids, block, 2, "cuda")
+            _check(a_odd, wq, pw, ids, block, 2, "cuda", config=cfg)
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("tile", PREGATHER_TILES, ids=lambda t: "x".join(map(str, t)))
-def test_pregather_matches_reference_and_the_in_kernel_gather(tile, gen, monkeypatch):
-    """``LOWBIT_W4A16_PREGATHER=1`` (rows gathered into slot order, then loaded by TMA) on each
-    tile that has the form: the reference's answer, bit for bit the in-kernel gather's (and the
-    same again with the rows handed over in slot order, ``slot_order_routes``), on K off the
-    step, ring wraps, ~150 and ~44 rows an expert (full blocks, half tails), a hot expert with
-    routing weights and over-allocated buffers, and remote experts with dropped routes."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
+def test_pregather_matches_reference_and_the_in_kernel_gather(tile, gen):
+    """Rows gathered into slot order, then loaded by TMA (``pregather``), on each tile that has
+    the form: the reference's answer, bit for bit the in-kernel gather's on the tile of the same
+    weight rows and stages (and the same again with the rows handed over in slot order,
+    ``slot_order_routes``), on K off the step, ring wraps, ~150 and ~44 rows an expert (full
+    blocks, half tails), a hot expert with routing weights and over-allocated buffers, and
+    remote experts with dropped routes."""
     bw, block, _, stages = tile
-    for name, val in (("ENGINE", "gluon_rs"), ("BLOCK_N", str(bw)), ("NUM_STAGES", str(stages))):
-        monkeypatch.setenv(f"LOWBIT_W4A16_{name}", val)
+    in_kernel = next(t for t in INDEXED_RS_TILES if (t[0], t[1], t[3]) == (bw, block, stages))
 
     def both(wq, pw, a, ids, top_k, what, **kw):
         outs = []
         for pre in ("0", "1", "slots"):
-            monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "0" if pre == "0" else "1")
-            c = w4a16_indexed_config(ids.numel(), pw.num_experts, pw.n, pw.k, block_m=block)
-            assert (c.block_n, c.num_stages, c.pregather) == (bw, stages, pre != "0"), c
-            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", slot_order=pre == "slots", **kw)
+            cfg = _rs(in_kernel) if pre == "0" else _rs(tile, pregather=True)
+            out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", slot_order=pre == "slots", config=cfg, **kw)
             outs.append(out)
         assert_bitwise_equal(outs[1], outs[0], f"pre-gathered vs in-kernel gather, {what}")
         assert_bitwise_equal(outs[2], outs[1], f"rows handed over in slot order vs gathered by the launcher, {what}")
@@ -328,14 +326,16 @@ def test_pregather_heuristic_override_and_contract(gen, monkeypatch):
 def test_four_warpgroup_gather_drops_the_k_check_only_on_whole_steps():
     """The register-A indexed kernel's gather masks K per copy unless the tile is a four-warpgroup
     one of `EVEN_K_GATHER_TILES` (not warp-specialized) and K a multiple of 256 (K_TAIL)."""
-    from lowbit.kernels.w4a16.hopper import EVEN_K_GATHER_TILES, _indexed_rs_constexprs
+    from lowbit.kernels.w4a16.hopper.indexed import rs_constexprs
 
-    for tile in EVEN_K_GATHER_TILES:
-        assert not _indexed_rs_constexprs(tile, False, 7168)["K_TAIL"]
-        assert _indexed_rs_constexprs(tile, False, 7200)["K_TAIL"]  # a K tail: zero-filled past K
-        assert _indexed_rs_constexprs(tile, False)["K_TAIL"]  # K unknown
-    assert _indexed_rs_constexprs((256, 64, 16, 3), True, 7168)["K_TAIL"]  # the producer's gather keeps it
-    assert _indexed_rs_constexprs((128, 64, 4, 2), False, 7168)["K_TAIL"]  # one-warpgroup tiles keep it
+    even_k = [t.shape for t in INDEXED_REGISTER_A if t.even_k]
+    assert even_k and all(t[2] == 16 for t in even_k)
+    for tile in even_k:
+        assert not rs_constexprs(tile, False, 7168)["K_TAIL"]
+        assert rs_constexprs(tile, False, 7200)["K_TAIL"]  # a K tail: zero-filled past K
+        assert rs_constexprs(tile, False)["K_TAIL"]  # K unknown
+    assert rs_constexprs((256, 64, 16, 3), True, 7168)["K_TAIL"]  # the producer's gather keeps it
+    assert rs_constexprs((128, 64, 4, 2), False, 7168)["K_TAIL"]  # one-warpgroup tiles keep it
 
 
 def test_gluon_engine_contract(gen, monkeypatch):
@@ -390,7 +390,7 @@ def test_pack_round_trip_and_profiles(gen):
 
 def test_pack_refuses_scales_the_kernels_cannot_reproduce(gen):
     """`pack_w4a16` keeps scales to 0 or magnitudes in `SCALE_RANGE` (the register-A kernels'
-    exact dequantization, `int4_dequant`) and finite; the range's edges themselves are accepted."""
+    exact dequantization, `lowbit.kernels.w4a16.int4`) and finite; the range's edges themselves are accepted."""
     from lowbit.formats.w4a16 import SCALE_RANGE
 
     wq = INT4.quantize(torch.randn(2, 16, 64, generator=gen))
@@ -503,34 +503,30 @@ def test_split_k_matches_reference_and_leaves_unrouted_rows(split, gen, device):
     assert_close(out.cpu()[~dropped].float(), ref[~dropped], "bf16_out", f"split_k={split}")
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("split", [2, 3, 4])
 @pytest.mark.parametrize("tile", INDEXED_SPLIT_TILES, ids=lambda t: "x".join(map(str, t)))
-def test_gluon_rs_split_k_matches_reference(tile, split, gen, monkeypatch):
+def test_gluon_rs_split_k_matches_reference(tile, split, gen):
     """K shares on the register-A kernel (every tile of `INDEXED_SPLIT_TILES`): K of 5 and 9
     steps (unequal shares, up to 4 of 5 steps; K off the step), one token, N off the tile, a hot expert
     with routing weights and over-allocated buffers, remote experts and dropped routes (poison
     kept)."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the register-A kernel is the sm_90 kernel")
-    bw, block, _, stages = tile
-    monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_rs")
-    monkeypatch.setenv("LOWBIT_W4A16_NUM_STAGES", str(stages))
-    monkeypatch.setenv("LOWBIT_W4A16_BLOCK_N", str(bw))
-    assert (w4a16_indexed_config(8, 4, 80, 1056, block_m=block).num_stages) == stages
+    block, cfg = tile[1], _rs(tile)
     for e, n, k, t, top_k in ((4, 80, 1056, 5, 2), (6, 64, 2304, 1, 4), (3, 200, 1120, 40, 2)):
         wq, pw, a, ids = _problem(e, n, k, t, top_k, gen, "cuda")
-        out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", split_k=split)
+        out, ref = _check(a, wq, pw, ids, block, top_k, "cuda", split_k=split, config=cfg)
         assert_close(out.float(), ref, "bf16_out", f"E{e} N{n} K{k} T{t} split {split}")
     wq, pw, a, ids = _problem(5, 48, 2304, 24, 2, gen, "cuda", hot=1)
     tw = random_topk_weights(24, 2, generator=gen).cuda()
-    out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3, split_k=split)
+    out, ref = _check(a, wq, pw, ids, block, 2, "cuda", topk_weights=tw, over_alloc=3, split_k=split,
+                      config=cfg)
     assert_close(out.float(), ref, "bf16_out", f"hot expert, weights, over-allocated, split {split}")
     wq, pw, a, ids = _problem(6, 40, 1280, 9, 2, gen, "cuda")
     ids.view(-1)[::5] = -1
     emap = torch.tensor([-1, -1, 0, 1, 2, 3], dtype=torch.int32, device="cuda")
     wq_local = INT4.quantize(wq.dequantize()[2:], wq.scales[2:])
-    out, ref = _check(a, wq_local, pack_w4a16(wq_local).to("cuda"), ids, block, 2, "cuda", emap=emap, split_k=split)
+    out, ref = _check(a, wq_local, pack_w4a16(wq_local).to("cuda"), ids, block, 2, "cuda", emap=emap, split_k=split,
+                      config=cfg)
     untouched = ids.flatten().cpu() < 2
     assert (out[untouched].float() > 1e30).all(), "rows of remote/dropped routes must keep the poison"
     assert_close(out[~untouched].float(), ref[~untouched], "bf16_out", f"EP map, split {split}")
@@ -565,8 +561,6 @@ def test_split_k_is_indexed_only(gen, device):
     pc = pack_w4a16(wq, profile="contiguous").to(device)
     a2 = torch.randn(128, 256, generator=gen).to(torch.bfloat16).to(device)
     m_idx = torch.zeros(128, dtype=torch.int32, device=device)
-    from lowbit.kernels.w4a16.portable import tile_config
-
     with pytest.raises(ValueError, match="split-K"):
         contiguous(a2, pc, m_idx, config=replace(tile_config(64, "t"), split_k=2))
 
@@ -576,8 +570,6 @@ def test_tiles_with_n_off_16(block, gen, device):
     """Every validated tile at every pipeline depth it can be given, N off 16 (37, 200): Triton
     3.6 miscompiles the 64x64 tile at 2-3 stages there (relative error ~1 on the H200), and
     `avoid_miscompile` must route around it (on the GPU; the interpreter has no stages)."""
-    from lowbit.kernels.w4a16.portable import tile_config
-
     stages = (1, 2, 3, 4) if device == "cuda" else (tile_config(block, "").num_stages,)
     for n in (37, 200):
         wq, pw, a, ids = _problem(3, n, 288, 12, 2, gen, device)
@@ -605,8 +597,6 @@ def test_gluon_default_for_decode(monkeypatch):
     blocks exist only on the Gluon kernel; an engine override wins. These are the in-kernel
     gather's choices (``LOWBIT_W4A16_PREGATHER=0``); the pre-gathered prefill defaults:
     `test_pregather_heuristic_override_and_contract`."""
-    from lowbit.kernels.w4a16.hopper import GROUP_LOOP_MAXNREG
-
     monkeypatch.setenv("LOWBIT_W4A16_PREGATHER", "0")
 
     # EP8 1 / 1 / 4 / 20 tokens; the 20-token down (8 K steps, a full grid) on 128 weight rows
@@ -648,12 +638,12 @@ def test_gluon_default_for_decode(monkeypatch):
     for routes in (1280, 2048, 3072):  # EP8 160 / 256 / 384 tokens (tok_e 27 / 43 / 64): one warpgroup, 128 rows
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_warps, c.num_stages) == ("gluon_rs", 64, 128, 4, 2), c
-        assert "runs the 32-row tile (H200 EP8 384 / 512" in c.reason, c  # its half-row tail (`HALF_TAIL_TILES`)
-        assert "refilled by halves" in c.reason, c  # `HALF_ACT_TILES`
+        assert "runs the 32-row tile (H200 EP8 384 / 512" in c.reason, c  # its half-row tail (`RegisterATile.half_tail`)
+        assert "refilled by halves" in c.reason, c  # `RegisterATile.half_acts`
     for routes in (5120, 20480):  # EP8 640 / 2560 tokens (tok_e 107 / 427): the 128-row block
         c = w4a16_indexed_config(routes, 48, 4096, 7168, gluon=True)
         assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_rs", 128, 256, 16), c
-        assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`HALF_TAIL_TILES`)
+        assert "runs the 64-row tile" in c.reason, c  # the half-row tail (`RegisterATile.half_tail`)
         assert "refilled by halves" not in c.reason, c
     # ... and the 64-row block again in its middle (`_PREFILL_64_RANGE`), K past one step: edges tok_e 115 / 200
     for routes, block in ((5520, 128), (5568, 64), (8192, 64), (9600, 64), (9648, 128), (17280, 128)):
@@ -665,7 +655,7 @@ def test_gluon_default_for_decode(monkeypatch):
     assert (c.block_m, c.block_n) == (64, 128), c
     c = w4a16_indexed_config(65536, 384, 7168, 256, gluon=True)  # TP8 8192 tokens, down: one K step
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 128, 128, 8) and "N-loop" in c.reason, c
-    assert "runs the 64-row tile (H200 TP8" in c.reason, c  # its half-row tail (`NLOOP_HALF_TAIL_TILES`)
+    assert "runs the 64-row tile (H200 TP8" in c.reason, c  # its half-row tail (`RegisterATile.nloop_half_tail`)
     assert "28 weight tiles a program" in c.reason, c  # `nloop_n_tiles`
     c = w4a16_indexed_config(16384, 384, 7168, 256, gluon=True)  # TP8 2048 tokens: the 64-row block, no tail
     assert (c.block_m, c.block_n) == (64, 128) and "N-loop" in c.reason and "runs the" not in c.reason, c
@@ -682,7 +672,7 @@ def test_gluon_default_for_decode(monkeypatch):
     monkeypatch.setenv("LOWBIT_W4A16_ENGINE", "gluon_ws")  # ... warp-specialized, with its tails
     c = w4a16_indexed_config(3072, 48, 4096, 7168, gluon=True)
     assert (c.engine, c.block_m, c.block_n, c.num_warps) == ("gluon_ws", 64, 256, 16), c
-    assert "runs the 32-row tile (H200 EP8 384 tokens" in c.reason, c  # `WS_TAIL_TILES`
+    assert "runs the 32-row tile (H200 EP8 384 tokens" in c.reason, c  # `RegisterATile.ws_tails`
     monkeypatch.delenv("LOWBIT_W4A16_ENGINE")
     monkeypatch.delenv("LOWBIT_W4A16_BLOCK_N")
     assert w4a16_indexed_config(2048, 48, 4096, 7168, block_m=16, gluon=True).engine == "triton"

@@ -6,7 +6,9 @@ import torch
 from lowbit import reference, routing
 from lowbit.formats import FormatError, QuantizedTensor, get_format
 from lowbit.formats.w4a16 import pack_w4a16, pack_w4a16_grouped
-from lowbit.kernels.w4a16.portable import VALIDATED_TILES, avoid_miscompile, tile_config
+from lowbit.kernels.w4a16 import heuristics, tiles
+from lowbit.kernels.w4a16.heuristics import avoid_miscompile, tile_config
+from lowbit.kernels.w4a16.tiles import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES, VALIDATED_TILES
 from lowbit.kernels.w4a16.grouped import (
     contiguous,
     explain_w4a16_grouped_config,
@@ -15,13 +17,14 @@ from lowbit.kernels.w4a16.grouped import (
 )
 from lowbit.testing import assert_close, poison_, random_topk_ids
 
+from helpers import int4_experts
+
 INT4 = get_format("int4_g32")
 TILES = sorted(VALIDATED_TILES)
 
 
 def _weights(g, n, k, gen, mode, device):
-    wq = INT4.quantize(torch.randn(g, n, k, generator=gen) * 0.05)
-    return wq, pack_w4a16_grouped(wq, mode=mode).to(device)
+    return int4_experts(g, n, k, gen, device, layout=mode)
 
 
 def _contiguous_problem(t, top_k, g, k, gen, device, hot=None):
@@ -57,8 +60,6 @@ def test_contiguous_all_rows_on_one_expert(gen, device):
 
 
 def _gluon_tiles():
-    from lowbit.kernels.w4a16.hopper import GLUON_RS_TILES, GLUON_TILES, GLUON_WS_TILES
-
     return ([("gluon", t) for t in GLUON_TILES] + [("gluon_rs", t) for t in GLUON_RS_TILES]
             + [("gluon_ws", t) for t in GLUON_WS_TILES])
 
@@ -68,20 +69,18 @@ def _tile_id(et):
     return f"{e}-{t[0]}x{t[1]}w{t[2]}s{t[3]}"
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("engine_tile", _gluon_tiles(), ids=_tile_id)
 @pytest.mark.parametrize("shape", [(5, 80, 288, 40, 2), (3, 200, 1056, 70, 2), (4, 4096, 7168, 96, 2),
                                    (2, 72, 544, 150, 2)],
                          ids=lambda s: "G{}_N{}_K{}_T{}_k{}".format(*s))
 def test_contiguous_gluon_engine_matches_reference(shape, engine_tile, gen):
-    """The opt-in Hopper Gluon kernel (w4a16_sm90): N off the 64-row weight tile, K off the
+    """The Hopper Gluon kernels (`hopper.grouped`): N off the 64-row weight tile, K off the
     256-wide step (5 steps through a 2- or 3-deep ring), an expert with no rows, padding rows
-    not written, ~150 rows an expert (full row blocks and half-row tails, `HALF_TAIL_TILES`);
+    not written, ~150 rows an expert (full row blocks and half-row tails, `RegisterATile.half_tail`);
     and close to the Triton kernel's output."""
     from dataclasses import replace
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
     g, n, k, t, top_k = shape
     wq, pw = _weights(g, n, k, gen, "contiguous", "cuda")
     a2, m_idx, _ = _contiguous_problem(t, top_k, g, k, gen, "cuda")
@@ -97,20 +96,18 @@ def test_contiguous_gluon_engine_matches_reference(shape, engine_tile, gen):
     assert_close(out.cpu()[rows].float(), tri.cpu()[rows].float(), "bf16_out", "gluon vs triton engine")
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("engine_tile", _gluon_tiles(), ids=_tile_id)
 def test_gluon_dequantization_is_exact_across_the_scale_range(engine_tile, gen):
     """Every Gluon tile reads back ``bf16((q - 8) * s)`` exactly: one-hot activations (row k
     of ``a2`` is e_k), so output row k is the dequantized weight column k; every code, and scales
     at both ends of `SCALE_RANGE`, negative, zero and random. The register-A kernels dequantize to
-    bf16 subnormals scaled by 2^-64 and rescale the accumulator (`int4_dequant`): a device that
+    bf16 subnormals scaled by 2^-64 and rescale the accumulator (`lowbit.kernels.w4a16.int4`): a device that
     flushed subnormals, or a range edge off by one binade, fails here."""
     from dataclasses import replace
 
     from lowbit.formats.w4a16 import SCALE_RANGE
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
     n, k = 256, 256
     codes = torch.randint(0, 16, (1, n, k), generator=gen, dtype=torch.uint8)
     codes[0, :, :16] = torch.arange(16, dtype=torch.uint8)  # every code in every row
@@ -133,7 +130,7 @@ def test_gluon_dequantization_is_exact_across_the_scale_range(engine_tile, gen):
                              f"{got[tuple(bad[0])].item()} != {want[tuple(bad[0])].item()}"
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("engine_tile", _gluon_tiles(), ids=_tile_id)
 @pytest.mark.parametrize("flat", [False, True], ids=["3d", "flat"])
 def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
@@ -142,11 +139,9 @@ def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
     max_m, a few rows, 45 and a count above max_m (clamped); K off the 256-wide step."""
     from dataclasses import replace
 
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the gluon engine is the sm_90 kernel")
     g, n, k, max_m = 5, 136, 544, 80
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
-    # 45 rows: a 64-row block's three-quarter tail (`WS_TAIL_TILES`); 7 and 80 - 64: half tails
+    # 45 rows: a 64-row block's three-quarter tail (`RegisterATile.ws_tails`); 7 and 80 - 64: half tails
     a3, mm = _masked_problem(g, max_m, k, [0, max_m, 7, 45, max_m + 9], gen, "cuda")
     engine, (bw, br, warps, stages) = engine_tile
     cfg = replace(tile_config(64, "test"), block_m=br, block_n=bw, num_warps=warps, num_stages=stages, engine=engine)
@@ -158,21 +153,19 @@ def test_masked_gluon_engine_matches_reference(flat, engine_tile, gen):
     assert (out.cpu()[~valid].float() > 1e30).all(), "rows past masked_m must not be written"
 
 
-@pytest.mark.gpu
+@pytest.mark.sm90
 @pytest.mark.parametrize("tile,ws", [((256, 48, 16, 3), False), ((256, 80, 16, 2), False), ((256, 96, 16, 2), False),
                                      ((256, 48, 16, 3), True), ((256, 96, 16, 2), True)],
                          ids=lambda v: f"{v[1]}rows" if isinstance(v, tuple) else ("ws" if v else "rs"))
 def test_masked_split_tiles_match_reference(tile, ws, gen):
     """The masked tiles whose rows are not a power of two
-    (`w4a16_sm90.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows; `ws`: the
+    (`hopper.grouped.w4a16_grouped_split_launch`, two accumulators of BR_HI + BR_LO rows; `ws`: the
     warp-specialized form, `GLUON_SPLIT_WS_TILES`): max_m = 200
     is not a multiple of the tile (a tile crosses into the next slab), counts 0, max_m, a few rows,
     one row past a tile and one above max_m (blocks on both accumulators, and blocks whose rows end
-    in the first part, run alone: `SPLIT_HI_TAIL_TILES`); K off the 256-wide step; N off the weight
+    in the first part, run alone: `SplitTile.hi_tail`); K off the 256-wide step; N off the weight
     tile."""
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the split tiles are sm_90 kernels")
-    from lowbit.kernels.w4a16.hopper import w4a16_grouped_split_launch
+    from lowbit.kernels.w4a16.hopper.grouped import w4a16_grouped_split_launch
 
     g, n, k, max_m = 5, 264, 800, 200
     wq, pw = _weights(g, n, k, gen, "masked", "cuda")
@@ -291,8 +284,9 @@ def test_masked_expected_m_far_from_counts(gen, device):
 def test_masked_row_slots():
     """The Gluon masked grid: programs an expert for the expected rows (expected_m x 1.3), at
     least one, at most one a row block of max_m; 0 asks for every block; out of range raises."""
-    from lowbit.kernels.w4a16.hopper import _slots, masked_row_slots
+    from lowbit.kernels.w4a16.hopper.grouped import checked_row_slots as _slots, w4a16_grouped_sm90_launch
 
+    masked_row_slots = heuristics.masked_row_slots
     assert masked_row_slots(1.3 * 8, 256, 16) == 1  # Kimi masked 8 tok/expert: 16 blocks -> 1 program
     assert masked_row_slots(1.3 * 32, 256, 16) == 3
     assert masked_row_slots(1.3 * 1000, 256, 64) == 4  # capped at cdiv(max_m, 64)
@@ -300,7 +294,6 @@ def test_masked_row_slots():
     assert _slots(256, 16, 0) == 16 and _slots(256, 16, 3) == 3 and _slots(0, 16, 0) == 1
     with pytest.raises(ValueError, match="row_slots"):
         _slots(256, 16, 17)
-    from lowbit.kernels.w4a16.hopper import w4a16_grouped_sm90_launch
 
     with pytest.raises(ValueError, match="warp-specialized"):  # refused before anything is built
         w4a16_grouped_sm90_launch(None, None, None, None, (128, 64, 8, 3), 256, True, warp_specialize=True, row_slots=2)
@@ -410,8 +403,8 @@ def test_gluon_default_where_measured_faster(monkeypatch):
     for g in (48, 24, 12):  # masked 32 tok/expert: the 64-row tile on one warpgroup, with its half tail
         m32 = w4a16_grouped_config("masked", g * 256, 4096, 7168, g, 32, gluon=True)
         assert (m32.engine, m32.block_n, m32.block_m, m32.num_warps) == ("gluon_rs", 128, 64, 4), m32
-        assert "runs the 32-row tile" in m32.reason, m32  # `HALF_TAIL_TILES`
-        assert "refilled by halves" in m32.reason, m32  # `HALF_ACT_TILES`
+        assert "runs the 32-row tile" in m32.reason, m32  # `RegisterATile.half_tail`
+        assert "refilled by halves" in m32.reason, m32  # `RegisterATile.half_acts`
     m64 = w4a16_grouped_config("masked", 48 * 256, 4096, 7168, 48, 64, gluon=True)  # past one 64-row tile
     assert (m64.engine, m64.block_n, m64.block_m) == ("gluon_ws", 256, 96), m64
     for em, rows in ((8, 16), (16, 32)):  # the 16- / 32-row group loops on 128 weight rows
@@ -421,15 +414,14 @@ def test_gluon_default_where_measured_faster(monkeypatch):
 
 
 def test_masked_decode_group_loop_tiles(monkeypatch):
-    """Masked decode tiles (`w4a16_sm90.GROUP_LOOP_MAXNREG`): 8 tok/expert runs the 16-row tile on
+    """Masked decode tiles (`tiles.GROUP_LOOP_MAXNREG`): 8 tok/expert runs the 16-row tile on
     the group loop (2 stages) on 128 weight rows (`WIDE_DECODE_TILES`; masked grids need no
     minimum, `WIDE_MIN_PROGRAMS`: 12 experts too), unless a stage count or the weight rows are
     forced; 16 tok/expert the 32-row tile's 128-row group loop, whose 64-row forms (`BLOCK_N=64`)
     are the step loop (4 stages, two accumulators) at gate_up's long K and the group loop at
     down's K of 8 steps (`SHORT_K_TILES`); 32 tok/expert the one-warpgroup 128x64. Every tile
     picked is one the kernel is built for."""
-    from lowbit.kernels.w4a16 import hopper as sm90
-
+    sm90 = tiles
     # (the pre-gathered indexed kernel's own tile included: `PREGATHER_BLOCK_TILES`)
     assert set(sm90.GROUP_LOOP_MAXNREG) <= (set(sm90.GLUON_RS_TILES) | set(sm90.INDEXED_RS_TILES)
                                             | set(sm90.PREGATHER_TILES))
@@ -466,28 +458,28 @@ def test_tail_tiles_are_offered_and_reported():
     """The tail tables name tiles their kernels are built for (the warp-specialized ones: only its
     four-warpgroup tiles), contiguous segments have none, and the heuristics' reason says when
     a tail runs (masked 16 / 32 / 64 tok/expert on Kimi EP8, the split tile at 64)."""
-    from lowbit.kernels.w4a16 import hopper as sm90
+    from lowbit.kernels.w4a16.hopper.grouped import w4a16_grouped_split_launch
 
-    assert set(sm90.HALF_TAIL_TILES["masked"]) <= set(sm90.GLUON_RS_TILES)
-    assert set(sm90.HALF_TAIL_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES) | set(sm90.PREGATHER_TILES)
-    assert set(sm90.PREGATHER_BLOCK_TILES.values()) <= set(sm90.PREGATHER_TILES)
-    assert set(sm90.HALF_ACT_TILES["indexed"]) <= set(sm90.INDEXED_RS_TILES) | set(sm90.PREGATHER_TILES)
-    table = sm90.WS_TAIL_TILES
-    assert set(table["masked"]) <= set(sm90.GLUON_WS_TILES) and set(table["indexed"]) <= set(sm90.INDEXED_WS_TILES)
-    assert all(t[0] == 256 for ts in table.values() for t in ts)
-    assert sm90.tail_rows((256, 64, 16, 3), "gluon_ws", "masked") == 32
-    assert sm90.tail_rows((128, 64, 8, 3), "gluon_ws", "masked") == 0
-    assert sm90.tail_rows((256, 96, 16, 2), "gluon_ws", "masked") == 64
-    assert set(sm90.GLUON_SPLIT_WS_TILES) <= set(sm90.GLUON_SPLIT_TILES)
+    records = tiles.GROUPED_REGISTER_A + tiles.INDEXED_REGISTER_A
+    assert all(t.ws and t.shape[0] == 256 for t in records if t.ws_tails)  # four-warpgroup tails only
+    assert all(t.group_loop for t in records if t.half_acts)  # refills by halves: the group loop's
+    assert all(t.ws and t.shape[2] == 8 for t in tiles.INDEXED_REGISTER_A if t.nloop)  # two warpgroups
+    assert all(t.nloop for t in tiles.INDEXED_REGISTER_A if t.nloop_half_tail)
+    assert set(tiles.PREGATHER_BLOCK_TILES.values()) <= set(tiles.PREGATHER_TILES)
+    assert all(t.pregather for t in tiles.INDEXED_REGISTER_A if not t.gather)  # every tile runs somewhere
+    tail_rows = heuristics.tail_rows
+    assert tail_rows((256, 64, 16, 3), "gluon_ws", "masked") == 32
+    assert tail_rows((128, 64, 8, 3), "gluon_ws", "masked") == 0
+    assert tail_rows((256, 96, 16, 2), "gluon_ws", "masked") == 64
+    assert set(tiles.GLUON_SPLIT_WS_TILES) <= set(tiles.GLUON_SPLIT_TILES)
     with pytest.raises(ValueError, match="no warp-specialized form"):  # 80 = 64 + 16 is not 3/4 of a ring
-        sm90.w4a16_grouped_split_launch(None, None, None, None, (256, 80, 16, 2), 256, warp_specialize=True)
-    assert set(sm90.SPLIT_HI_TAIL_TILES) <= set(sm90.GLUON_SPLIT_TILES)
-    assert sm90.tail_rows((256, 64, 16, 3), "gluon_rs", "masked") == 32
-    assert sm90.tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64
-    assert sm90.tail_rows((256, 128, 16, 2), "gluon_rs", "contiguous") == 0
-    assert sm90.tail_rows((256, 128, 16, 2), "gluon_ws", "indexed") == 0
-    assert sm90.tail_rows((64, 32, 4, 4), "gluon_rs", "masked") == 16  # the 32-row tile's 64-row form
-    assert sm90.tail_rows((128, 64, 4, 2), "gluon_rs", "indexed") == 32
+        w4a16_grouped_split_launch(None, None, None, None, (256, 80, 16, 2), 256, warp_specialize=True)
+    assert tail_rows((256, 64, 16, 3), "gluon_rs", "masked") == 32
+    assert tail_rows((256, 96, 16, 2), "gluon_rs", "masked") == 64
+    assert tail_rows((256, 128, 16, 2), "gluon_rs", "contiguous") == 0
+    assert tail_rows((256, 128, 16, 2), "gluon_ws", "indexed") == 0
+    assert tail_rows((64, 32, 4, 4), "gluon_rs", "masked") == 16  # the 32-row tile's 64-row form
+    assert tail_rows((128, 64, 4, 2), "gluon_rs", "indexed") == 32
     for g, em, rows, tail in ((48, 32, 64, 32), (12, 32, 64, 32), (48, 64, 96, 64)):
         c = w4a16_grouped_config("masked", g * 256, 4096, 7168, g, em, gluon=True)
         assert c.block_m == rows and f"runs the {tail}-row tile" in c.reason, c
