@@ -108,7 +108,7 @@ def test_op_byte_models_by_hand():
     assert bm.weight_bytes == 8 * (4096 * 7168 // 2 + 7168 * 2048 // 2) == 176_160_768
     assert bm.scale_bytes == 8 * (7168 // 32 * 4096 * 2 + 2048 // 32 * 7168 * 2) == 22_020_096
     assert bm.act_bytes == bm.out_bytes == 7168 * 2
-    assert 44.0 < bm.floor_us() < 44.1          # issue 5's floor for 1 token (8 experts)
+    assert 44.0 < bm.floor_us() < 44.1          # the read floor for 1 token (8 experts)
     mx = decode_bytes(fmt="mxfp8", experts_hit=8, tokens=1, h=7168, inter=2048, top_k=8)
     assert mx.weight_bytes == 2 * bm.weight_bytes and mx.scale_bytes == 8 * 3 * 2048 * 7168 // 32
     g = gemm_bytes("fp8_gemm", 4096, 5120, 2304)
@@ -122,7 +122,7 @@ def test_op_byte_models_by_hand():
     q4 = quant_bytes("fp4_quant", 16384, 7168)
     assert (q4.out_bytes, q4.scale_bytes) == (16384 * 3584, 16384 * 224)
     a = attn_bytes(64, 1, 64, 512, 2048)
-    assert a.weight_bytes == 134_217_728                # issue 6's "gathered KV 134 MB"
+    assert a.weight_bytes == 134_217_728                # the gathered KV: 134 MB
     assert a.total_bytes == 134_217_728 + 64 * 2048 * 4 + 2 * 64 * 64 * 512 * 2
 
 

@@ -200,7 +200,7 @@ for _rows in (8, 16, 32, 64):
         seed=5 + _rows, tags=frozenset({"ep8", "grouped", "masked", "decode"}),
     ))
 
-# Kimi K2.x over 16 and 32 GPUs (issue 4's expert-count sweep): the same expert shapes, 24 and
+# Kimi K2.x over 16 and 32 GPUs (the grouped expert-count sweep): the same expert shapes, 24 and
 # 12 local experts, at the headline grouped points.
 for _ep, _experts in ((16, 24), (32, 12)):
     register_case(BenchCase(
@@ -247,7 +247,7 @@ DEFAULT_CASE_NAMES: tuple[str, ...] = (
 )
 
 
-# The op families of issues 5 and 6 (`lowbit.bench.opcases` / `lowbit.bench.ops`): decode
+# The op families (`lowbit.bench.opcases` / `lowbit.bench.ops`): decode
 # layers (tag ``decode_oc``) and the seed-004 kernels (tag ``seed004``, or each op's name).
 from .opcases import DEFAULT_OP_CASE_NAMES, OP_CASES  # noqa: E402
 

@@ -332,7 +332,7 @@ def run_bench(
     L2 flushed by a read before each call; `timing` is then unused), so each sees the same
     clocks. The H200 runs these kernels at its 700 W power cap, where a kernel timed alone sets
     its own clock: one kernel read 1090 and 1155 us in two back-to-back `measure` runs
-    (twenty-eighth session, docs/performance.md). On the CPU it is ignored.
+    (H200, 2026-12-01, 011640b). On the CPU it is ignored.
 
     timing: keyword arguments of `lowbit.bench.timing.measure` (rep_ms, cuda_graph...).
     on_row: called with the rows so far after each new row (e.g. to save partial results of

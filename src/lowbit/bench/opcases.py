@@ -1,4 +1,4 @@
-"""Op benchmark cases (issues 5 and 6): the registry entries of `lowbit.bench.ops`.
+"""Op benchmark cases (decode layers and DeepSeek kernels): the registry entries of `lowbit.bench.ops`.
 
 Kept free of imports from `lowbit.bench.cases` (which registers these into ``CASES``), so
 either module can be imported first. `OpCase.projections` only serves listings.

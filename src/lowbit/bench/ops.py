@@ -2,7 +2,7 @@
 
 Families (``--cases`` takes the family name, ``decode_oc`` / ``seed004``, or a case name / glob):
 
-- ``decode_oc`` (issue 5): the expert part of a Kimi K2.x EP8 MoE layer at decode batches
+- ``decode_oc``: the expert part of a Kimi K2.x EP8 MoE layer at decode batches
   (48 experts, H=7168, I=2048, top-8; tokens 1, 2, 4, 8, 16, 32), INT4 group-32 and MXFP8
   weights, timed as one layer (``projection="layer"``). Providers:
   ``lowbit`` = `moe_decode` (output-centric gate_up + down, combine folded in);
@@ -14,7 +14,7 @@ Families (``--cases`` takes the family name, ``decode_oc`` / ``seed004``, or a c
   Reference: `moe_experts_ref(..., round_intermediate=True)`.
   Bytes: the weights of the experts actually hit (INT4 ``K*N/2 + K/32*N*2`` per expert and
   projection, MXFP8 ``K*N + K/32*N``), the hidden rows read and the output rows written.
-- ``seed004`` (issue 6), each op with its own tag too:
+- ``seed004`` (the DeepSeek kernels), each op with its own tag too:
   ``fp8_gemm`` (M 16/128/4096 x (N, K) = (2304, 5120), (5120, 2304); baseline ``torch-scaled-mm``
   = `torch._scaled_mm` with *per-tensor* scales on the same FP8 data: it cannot apply the
   1x128 / 128x128 block scales, so it is refchecked against the unscaled FP8 product and
@@ -885,7 +885,7 @@ def crossover_summary(rows: list[dict[str, Any]]) -> str:
            if r.get("layout") == "fp8_gemm" and r["provider"] == "lowbit" and r.get("median_us")}
     fp4 = [r for r in rows if r.get("layout") == "fp4_gemm" and r["provider"] == "lowbit" and r.get("median_us")]
     if fp8 and fp4:
-        lines.append("fp4_gemm / fp8_gemm rate (lowbit, same M N K; issue 6 wants >= 0.70 compute-bound):")
+        lines.append("fp4_gemm / fp8_gemm rate (lowbit, same M N K; target >= 0.70 compute-bound):")
         for r in fp4:
             base = fp8.get((r["tokens"], r["n"], r["k"]))
             if base:

@@ -9,7 +9,7 @@ Why it is done this way:
   H200's 60 MiB L2). The flush *reads*: a zeroing flush leaves ~60 MB of dirty lines in L2,
   and the timed kernel then pays their write-back to HBM. On the H200 that made a pure TMA
   stream of 117 MB read 2.7 TB/s instead of the ~4.4 TB/s it reaches after a read flush
-  (`scripts/probes/tma_stream.py`), so every bandwidth fraction was ~14 us too pessimistic
+  (H200, 2026-11), so every bandwidth fraction was ~14 us too pessimistic
   (ratios between providers timed the same way were unaffected). ``flush_mode="write"``
   keeps the old behaviour for comparison. In serving, a MoE layer's weights were evicted by the 60 other layers
   that ran since; timing back-to-back calls on the same buffers would let small problems
@@ -25,8 +25,8 @@ Why it is done this way:
 - **Interleaved A/B** (`measure_interleaved`): variants that must be compared within a few
   percent are replayed in turn, in a fresh random order each round, so a drift of the GPU's
   clocks or an order effect lands on every variant alike. Timed one after another with
-  `measure`, an unchanged kernel read 1.09x against itself in one probe (thirteenth session);
-  interleaved, two repeats of a sixteenth-session probe agreed within 1%.
+  `measure`, an unchanged kernel read 1.09x against itself in one probe (H200, 2026-11-30, 5d3072b);
+  interleaved, two repeats of one probe agreed within 1%.
 - **Warm-up outside the timed region**: JIT compilation (Triton, Humming's NVRTC), autotuning,
   allocator growth and lazy module loading happen in the first calls.
 

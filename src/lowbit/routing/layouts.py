@@ -51,9 +51,9 @@ def live_block_bound(num_blocks: int, num_routes: int) -> int:
     over-allocated count is far higher (Kimi EP8, one token: 8 routes, 43 blocks).
 
     Why not a program a block: each program past the live blocks is still scheduled, reads the
-    count and exits, thousands of them at decode (H200, twenty-fourth session,
-    `scripts/probes/live_blocks.py ab`, the bench's draws: one token gate_up + down 74.0 ->
-    69.5 us; from four tokens on, where the bound is the allocated count or near it, 1.00x).
+    count and exits, thousands of them at decode (H200, 2026-12-01, 838560c, the bench's draws: one token
+    gate_up + down 74.0 -> 69.5 us; from four tokens on, where the bound is the allocated count
+    or near it, 1.00x).
     A loop over the blocks inside the kernels, which would not need the contract, raised the
     register-A tiles' registers (the one-token tile 113 -> 153: a CTA an SM fewer; compile
     tier)."""
